@@ -1,0 +1,53 @@
+"""Checkpoints and other run files, written atomically: a crash or a full disk never leaves half a file."""
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .config import ClearError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class WriteError(ClearError):
+    """A run file could not be written (a full disk, say); the previous version is intact."""
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """write(temporary path), then rename over `path`, which readers therefore see whole or not at all."""
+    temporary = path.with_name(f".{path.name}.partial")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError as err:
+        temporary.unlink(missing_ok=True)
+        raise WriteError(f"could not write {path}: {err.strerror or err}; any earlier {path.name} is intact") from err
+
+
+def save(state: dict, path: Path) -> None:
+    write_atomic(path, lambda temporary: torch.save(state, temporary))
+
+
+def find(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from: None, 'auto' (last.pt in the run folder, if any) or a path."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        path = run_dir / "last.pt"
+        if not path.is_file():
+            log.info("resume=auto: no %s yet, starting from scratch", path)
+            return None
+        return path
+    path = Path(resume).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"resume={resume}: no such checkpoint file")
+    return path
+
+
+def load(path: Path, device: torch.device) -> dict:
+    try:
+        return torch.load(path, map_location=device)
+    except Exception as err:  # torch raises RuntimeError, EOFError or UnpicklingError for a damaged file
+        raise ConfigError(f"resume: {path} is not a readable checkpoint ({err.__class__.__name__}: {err})") from err

@@ -1,0 +1,67 @@
+"""Start-up checks and building from config, so a bad command line costs one clear line, not a traceback."""
+from collections.abc import Iterator
+from typing import Any
+
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+
+class ClearError(Exception):
+    """An error whose message says all the user needs; the entry points print it as one line, no traceback."""
+
+
+class ConfigError(ClearError):
+    """A mistake in the command line, the config or the input paths."""
+
+
+def build(node: DictConfig, **runtime: Any) -> Any:
+    """instantiate(node, **runtime), re-raising a ConfigError from inside the target as itself."""
+    try:
+        return instantiate(node, **runtime)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, ConfigError):
+            raise err.__cause__ from None
+        raise
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1], node
+
+
+def _kind(default: Any) -> tuple[str, tuple[type, ...]] | None:
+    if isinstance(default, bool):
+        return "true or false", (bool,)
+    if isinstance(default, int):
+        return "a whole number", (int,)
+    if isinstance(default, float):
+        return "a number", (int, float)
+    return None
+
+
+def check(cfg: DictConfig) -> None:
+    """Refuse a missing value, or an override whose type differs from the default of its key.
+
+    Without a schema, Hydra takes `optim.lr=abc` as the string 'abc'; comparing against the
+    same options composed without the user's values catches that for every key of every group.
+    """
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"{missing[0]} has no value: pass {missing[0]}=...")
+    hydra_cfg = HydraConfig.get()
+    choices = [f"{group}={option}" for group, option in hydra_cfg.runtime.choices.items()
+               if not group.startswith("hydra") and option is not None]
+    defaults = compose(hydra_cfg.job.config_name, overrides=choices)
+    plain = OmegaConf.to_container(defaults, resolve=False)
+    for key, default in _leaves({k: v for k, v in plain.items() if k != "hydra"}):
+        kind = _kind(default)
+        value = OmegaConf.select(cfg, key)
+        if kind and value is not None and (isinstance(value, bool) != (bool in kind[1])
+                                           or not isinstance(value, kind[1])):
+            raise ConfigError(f"{key}={value!r} is not {kind[0]}, as its default {default!r} is")

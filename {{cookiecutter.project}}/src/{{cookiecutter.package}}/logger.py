@@ -1,0 +1,42 @@
+"""Where the per-window numbers go: TensorBoard, or nowhere (`logger=none`)."""
+from pathlib import Path
+
+# One chart with data time and compute time together, under TensorBoard's Custom Scalars tab.
+LAYOUT = {
+    "where the time goes": {
+        "data vs compute (ms per step)": ["Multiline", ["time/data_ms", "time/compute_ms"]],
+        "share of time waiting for data": ["Multiline", ["time/data_frac"]],
+        "throughput (images/s)": ["Multiline", ["throughput/images_per_s"]],
+    },
+}
+
+
+class NullLogger:
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardLogger(NullLogger):
+    def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir))
+        self.writer.add_custom_scalars(LAYOUT)
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def tensorboard(run_dir: Path) -> TensorBoardLogger:
+    return TensorBoardLogger(Path(run_dir) / "tb")
+
+
+def none(run_dir: Path) -> NullLogger:
+    return NullLogger()

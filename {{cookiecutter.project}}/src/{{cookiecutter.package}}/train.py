@@ -1,0 +1,199 @@
+"""Train an image classifier; every speed technique is a config group picked on the command line.
+
+    python -m {{ cookiecutter.package }}.train                                   # built-in synthetic JPEGs
+    python -m {{ cookiecutter.package }}.train data=imagenet data.root=/data/imagenet model.name=resnet50
+
+Each run ends with summary.json and a printed report: where the time went and what to flip next.
+"""
+import json
+import logging
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from . import checkpoint
+from .clock import Clock, Window
+from .config import ClearError, build, check
+from .data import OnDevice, make_loader
+from .report import Loader, diagnose, environment, format_report
+from .sysmon import SystemMonitor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """Everything the loop touches, built once before it."""
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    criterion: torch.nn.Module
+    train_loader: OnDevice
+    val_loader: OnDevice
+    clock: Clock
+    sysmon: SystemMonitor
+    logger: object
+    profiler: object
+    device: torch.device
+    log_every: int
+    max_steps: int | None
+    limit_val_batches: int | None
+    epoch: int = 0
+    step: int = 0
+    windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "step": self.step}
+
+    def restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch, self.step = state["epoch"], state["step"]
+
+
+def make_run(cfg: DictConfig, run_dir: Path, device: torch.device):
+    """Build data, model and helpers; everything that can refuse the config does so before any file is written."""
+    splits = build(cfg.data)
+    loaders = [OnDevice(make_loader(dataset, cfg.train.batch_size, train, cfg.seed, device, **cfg.loader), device)
+               for dataset, train in ((splits.train, True), (splits.val, False))]
+    model = build(cfg.model, data_classes=len(splits.classes)).to(device)
+    optimizer = build(cfg.optim, model=model)
+    steps_per_epoch = len(loaders[0])
+    total_steps = steps_per_epoch * cfg.train.epochs
+    if cfg.train.max_steps > 0:
+        total_steps = min(total_steps, cfg.train.max_steps)
+    scheduler = build(cfg.schedule, optimizer=optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
+    resume_from = checkpoint.find(cfg.resume, run_dir)
+    state = checkpoint.load(resume_from, device) if resume_from else None
+    run = Run(model, optimizer, scheduler, torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
+              *loaders, Clock(device), SystemMonitor(device), build(cfg.logger, run_dir=run_dir),
+              build(cfg.profiler, run_dir=run_dir), device, cfg.train.log_every,
+              cfg.train.max_steps if cfg.train.max_steps > 0 else None,
+              cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None)
+    if state:
+        run.restore(state)
+        log.info("resumed from %s at epoch %d, step %d", resume_from, run.epoch, run.step)
+    log.info("%s on %s: %d classes, %d train / %d val images, %d steps per epoch", cfg.model.name, device,
+             len(splits.classes), len(splits.train), len(splits.val), steps_per_epoch)
+    return run, splits
+
+
+def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
+    """Close a logging window: one device sync, then scalars to the logger and the progress bar."""
+    window, system = run.clock.lap(), run.sysmon.sample()
+    if window.steps == 0:
+        return
+    run.windows.append((window, system))
+    run.logger.scalars({
+        "train/loss": loss_sum.item() / window.steps, "train/lr": run.optimizer.param_groups[0]["lr"],
+        "time/data_ms": window.data_ms, "time/compute_ms": window.compute_ms, "time/data_frac": window.data_frac,
+        "throughput/images_per_s": window.images_per_s, **system}, run.step)
+    bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%")
+    loss_sum.zero_()
+
+
+def train_one_epoch(run: Run, epoch: int) -> bool:
+    """Train until the loader or train.max_steps runs out; True if the whole epoch ran."""
+    run.model.train()
+    loss_sum = torch.zeros((), device=run.device)
+    run.clock.start()
+    bar = tqdm(run.clock.timed(run.train_loader), total=len(run.train_loader), desc=f"epoch {epoch}",
+               mininterval=2, dynamic_ncols=True)
+    batches = 0
+    for batches, (images, labels) in enumerate(bar, start=1):
+        loss = run.criterion(run.model(images), labels)
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        run.optimizer.step()
+        run.scheduler.step()
+        run.profiler.step()
+        loss_sum += loss.detach()
+        run.step += 1
+        if run.step % run.log_every == 0:
+            end_window(run, bar, loss_sum)
+        if run.step == run.max_steps:
+            break
+    end_window(run, bar, loss_sum)
+    bar.close()
+    return batches == len(run.train_loader)
+
+
+def accuracy(output: torch.Tensor, target: torch.Tensor, topk: tuple[int, ...]) -> torch.Tensor:
+    """How many samples have the target among the top k outputs, for each k (a tensor, so no sync)."""
+    ranked = output.topk(min(max(topk), output.shape[1]), dim=1).indices
+    hits = ranked.eq(target[:, None])
+    return torch.stack([hits[:, :k].any(dim=1).sum() for k in topk])
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> tuple[float, float]:
+    run.model.eval()
+    correct, seen = torch.zeros(2, device=run.device, dtype=torch.long), 0
+    for batch_index, (images, labels) in enumerate(run.val_loader):
+        if batch_index == run.limit_val_batches:
+            break
+        correct += accuracy(run.model(images), labels, topk=(1, 5))
+        seen += len(labels)
+    top1, top5 = (100 * correct.double() / max(1, seen)).tolist()
+    run.logger.scalars({"val/top1": top1, "val/top5": top5}, run.step)
+    log.info("epoch %d step %d: val top-1 %.2f%%, top-5 %.2f%%", run.epoch, run.step, top1, top5)
+    return top1, top5
+
+
+def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, skipped_files: int) -> dict:
+    """The whole run's split, skipping the first window (worker start-up, allocator warm-up) when there are more."""
+    measured = run.windows[1:] or run.windows
+    total = sum((window for window, _ in measured), Window())
+    system = {tag: float(np.mean([values[tag] for _, values in measured])) for tag in measured[0][1]} if measured else {}
+    verdict, advice = diagnose(total, system, run.device, Loader(**{key: cfg.loader[key] for key in (
+        "num_workers", "prefetch_factor", "pin_memory", "persistent_workers")}))
+    choices = {group: option for group, option in HydraConfig.get().runtime.choices.items()
+               if not group.startswith("hydra")}
+    return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "compute_ms": total.compute_ms,
+            "data_frac": total.data_frac, "verdict": verdict, "advice": advice, "val_top1": top1, "val_top5": top5,
+            "steps": run.step, "skipped_files": skipped_files, "choices": choices, "system": system,
+            "env": environment(run.device)}
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict:
+    check(cfg)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    run, splits = make_run(cfg, run_dir, device)
+    scores = None
+    with run.profiler:
+        while run.epoch < cfg.train.epochs and run.step != run.max_steps:
+            if train_one_epoch(run, run.epoch):
+                run.epoch += 1  # a run cut short by max_steps resumes at the start of the unfinished epoch
+            scores = evaluate(run)
+            checkpoint.save(run.state(), run_dir / "last.pt")
+    top1, top5 = scores or evaluate(run)  # a resumed run that had nothing left still reports its accuracy
+    run.logger.close()
+    summary = summarize(run, cfg, top1, top5, splits.skipped_files())
+    checkpoint.write_atomic(run_dir / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
+    log.info("%s\nsummary: %s", format_report(summary), run_dir / "summary.json")
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
+def main(cfg: DictConfig) -> None:
+    try:
+        train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except ClearError as err:
+        sys.exit(f"error: {err}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Checkpoints are written whole or not at all, and a bad resume path is refused clearly."""
+import pytest
+import torch
+
+from {{ cookiecutter.package }} import checkpoint
+from {{ cookiecutter.package }}.config import ConfigError
+
+
+def test_save_and_load_round_trip(tmp_path):
+    path = tmp_path / "last.pt"
+    checkpoint.save({"step": 7, "weight": torch.arange(3.0)}, path)
+    state = checkpoint.load(path, torch.device("cpu"))
+    assert state["step"] == 7 and torch.equal(state["weight"], torch.arange(3.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_failed_write_keeps_the_previous_file(tmp_path):
+    path = tmp_path / "last.pt"
+    checkpoint.save({"step": 1}, path)
+
+    def disk_full(temporary):
+        temporary.write_bytes(b"half a checkpo")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(checkpoint.WriteError, match="No space left on device; any earlier last.pt is intact"):
+        checkpoint.write_atomic(path, disk_full)
+    assert checkpoint.load(path, torch.device("cpu"))["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_resume_choices(tmp_path):
+    assert checkpoint.find(None, tmp_path) is None
+    assert checkpoint.find("auto", tmp_path) is None
+    checkpoint.save({}, tmp_path / "last.pt")
+    assert checkpoint.find("auto", tmp_path) == tmp_path / "last.pt"
+    with pytest.raises(ConfigError, match="no such checkpoint"):
+        checkpoint.find(str(tmp_path / "missing.pt"), tmp_path)
+
+
+def test_damaged_checkpoint_is_refused(tmp_path):
+    path = tmp_path / "last.pt"
+    checkpoint.save({"weight": torch.zeros(1000)}, path)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ConfigError, match="is not a readable checkpoint"):
+        checkpoint.load(path, torch.device("cpu"))

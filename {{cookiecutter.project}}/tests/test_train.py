@@ -1,0 +1,52 @@
+"""The real command line: a run resumes from its checkpoint, and bad input fails in one line, writing nothing."""
+import json
+import re
+
+import pytest
+
+HYDRA_OWN = {".hydra", "train.log"}
+STEPS_PER_EPOCH = 6  # 3 classes x 8 images, batch 4
+
+
+def summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_resume_continues_counting_from_the_checkpoint(tmp_path, train_cli):
+    run_dir = tmp_path / "run"
+    train_cli(run_dir, "train.max_steps=4", "train.epochs=2")
+    assert summary(run_dir)["steps"] == 4
+    first_weights = (run_dir / "last.pt").read_bytes()
+
+    result = train_cli(run_dir, "resume=auto", "train.epochs=2")
+    log = (run_dir / "train.log").read_text()
+    assert re.search(r"resumed from .*last\.pt at epoch 0, step 4", log), result.stderr[-2000:]
+    # The cut epoch is trained again in full, then the second epoch: the step count carries on from 4.
+    assert summary(run_dir)["steps"] == 4 + 2 * STEPS_PER_EPOCH
+    assert (run_dir / "last.pt").read_bytes() != first_weights
+
+    train_cli(run_dir, "resume=auto", "train.epochs=2")  # nothing left to do: reports, trains no step
+    assert summary(run_dir)["steps"] == 4 + 2 * STEPS_PER_EPOCH
+
+
+BAD_INPUT = {
+    "optim.lr=abc": ["optim.lr=abc"],
+    "train.epochs=two": ["train.epochs=two"],
+    "data=nosuch": ["data=nosuch"],
+    "missing data.root": ["data=imagenet", "data.root=???"],
+    "absent data.root": ["data=imagenet", "data.root=/no/such/imagenet"],
+    "model.name=nosuchnet": ["model.name=nosuchnet"],
+    "resume=missing": ["resume=/no/such/last.pt"],
+}
+
+
+@pytest.mark.parametrize("overrides", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_fails_with_one_clear_line(overrides, tmp_path, train_cli):
+    run_dir = tmp_path / "run"
+    result = train_cli(run_dir, *overrides, check=False)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    key = overrides[-1].split("=")[0]
+    assert key in result.stderr or overrides[-1].split("=")[1] in result.stderr, result.stderr[-2000:]
+    written = {path.name for path in run_dir.iterdir()} if run_dir.exists() else set()
+    assert written <= HYDRA_OWN
