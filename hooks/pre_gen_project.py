@@ -1,5 +1,4 @@
 """Refuse answers that would bake a project which cannot be imported or installed."""
-import importlib.util
 import keyword
 import sys
 
@@ -22,8 +21,6 @@ def refusal() -> str | None:
         return f"package {PACKAGE!r} is not a valid Python identifier; pick one like 'my_project'"
     if PACKAGE in sys.stdlib_module_names or PACKAGE in TAKEN:
         return f"package {PACKAGE!r} would shadow the module of the same name; pick another"
-    if importlib.util.find_spec(PACKAGE) is not None:
-        return f"package {PACKAGE!r} is already importable here and would be shadowed; pick another"
     return None
 
 

@@ -1,0 +1,139 @@
+"""Bake the template as a user would; then install the baked project, run its own tests and a real training run."""
+import json
+import math
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cookiecutter.main import cookiecutter
+
+JINJA_MARKS = ("{{", "{%", "cookiecutter.")
+
+
+def bake(template: Path, output: Path, **answers: str) -> Path:
+    return Path(cookiecutter(str(template), no_input=True, output_dir=str(output), extra_context=answers))
+
+
+def leftover_jinja(project: Path) -> list[str]:
+    hits = []
+    for path in project.rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            hits += [f"{path.relative_to(project)}: {mark}" for mark in JINJA_MARKS if mark in text]
+    return hits + [str(p) for p in project.rglob("*") if any(mark in p.name for mark in JINJA_MARKS)]
+
+
+def test_default_bake_is_fully_rendered(template, tmp_path):
+    project = bake(template, tmp_path)
+    assert project.name == "fasttrain-project"
+    assert (project / "src/fasttrain_project/train.py").is_file()
+    assert leftover_jinja(project) == []
+
+
+def test_custom_project_name_derives_the_package(template, tmp_path):
+    project = bake(template, tmp_path, project="Vision-Lab")
+    assert project.name == "Vision-Lab"
+    assert (project / "src/vision_lab/train.py").is_file()
+    assert "_target_: vision_lab.data.synthetic" in (project / "conf/data/synthetic.yaml").read_text()
+    assert 'name = "Vision-Lab"' in (project / "pyproject.toml").read_text()
+    assert leftover_jinja(project) == []
+
+
+def cookiecutter_cli(template: Path, output: Path, *answers: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cookiecutter", "--no-input", str(template), *answers,
+                           "--output-dir", str(output)], capture_output=True, text=True, timeout=120)
+
+
+def test_command_line_bake(template, tmp_path):
+    result = cookiecutter_cli(template, tmp_path, "project=cli-bake")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "cli-bake/src/cli_bake/train.py").is_file()
+    assert "python -m cli_bake.train" in result.stdout  # the post-generation hook's next steps
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    ("package=torch", "package 'torch' would shadow the module of the same name"),
+    ("package=json", "package 'json' would shadow the module of the same name"),
+    ("package=1st_try", "package '1st_try' is not a valid Python identifier"),
+    ("package=my-pkg", "package 'my-pkg' is not a valid Python identifier"),
+    ("package=class", "package 'class' is not a valid Python identifier"),
+    ("project=", "project must not be empty"),
+    ("project=   ", "project must not be empty"),
+])
+def test_hook_refuses_bad_names(template, tmp_path, answer, message):
+    output = tmp_path / "out"  # not there yet: an empty project name renders to this folder itself
+    result = cookiecutter_cli(template, output, answer)
+    assert result.returncode != 0
+    assert f"fasttrain: {message}" in result.stderr
+    assert not output.exists() or list(output.iterdir()) == [], "nothing is left behind"
+
+
+@pytest.fixture(scope="module")
+def installed(template, tmp_path_factory):
+    """A non-default bake, installed with `pip install -e` into a throwaway venv that sees this one's packages."""
+    root = tmp_path_factory.mktemp("e2e")
+    project = bake(template, root, project="e2e-check", package="e2e_check")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin/python"
+    child_site = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+    Path(child_site, "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e",
+                    str(project)], check=True, timeout=300)
+    return project, python
+
+
+def test_baked_project_passes_its_own_tests(installed):
+    project, python = installed
+    result = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project,
+                            capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout
+
+
+REQUIRED_TAGS = {"time/data_ms", "time/compute_ms", "time/data_frac", "throughput/images_per_s", "train/loss",
+                 "train/lr", "val/top1", "val/top5", "sys/cpu_util", "sys/iowait", "sys/disk_read_mb_s"}
+SUMMARY_KEYS = {"images_per_s", "data_ms", "compute_ms", "data_frac", "verdict", "advice", "val_top1", "val_top5",
+                "steps", "skipped_files", "choices", "env"}
+
+
+def test_training_run_reports_where_the_time_went(installed, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    project, python = installed
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [python, "-m", "e2e_check.train", f"hydra.run.dir={out}", "train.max_steps=30",
+         f"data.cache_dir={tmp_path / 'cache'}", "data.train_per_class=20", "data.val_per_class=5",
+         "model.name=resnet18", "data.crop_size=64", "data.val_resize=73", "train.batch_size=16",
+         "train.log_every=5"],
+        cwd=project, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "==== where the time went ====" in result.stdout + result.stderr
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["steps"] == 30 and summary["skipped_files"] == 0
+    assert summary["images_per_s"] > 0 and 0 <= summary["data_frac"] <= 1
+    assert summary["data_ms"] + summary["compute_ms"] > 0
+    assert summary["verdict"].startswith("Data loading is") and summary["advice"]
+    assert summary["choices"] == {"data": "synthetic", "model": "torchvision", "optim": "sgd",
+                                  "schedule": "warmup_cosine", "logger": "tensorboard", "profiler": "none"}
+    assert summary["env"]["device"].startswith("cpu") and summary["env"]["torch"]
+    assert 0 <= summary["val_top1"] <= summary["val_top5"] <= 100
+
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert REQUIRED_TAGS <= tags, REQUIRED_TAGS - tags
+    assert "sys/gpu_util" not in tags, "NVML is read only when a GPU is present"
+    for tag in REQUIRED_TAGS:
+        values = [event.value for event in events.Scalars(tag)]
+        assert values and all(math.isfinite(v) for v in values), tag
+    assert [e.step for e in events.Scalars("time/data_ms")][:2] == [5, 10]
+    assert events.Tags()["tensors"], "the custom-scalars layout (data vs compute chart) is written"
+    assert (out / "last.pt").is_file()
