@@ -57,8 +57,9 @@ def compose_tiny(cache_dir, tiny_root):
 def train_cli(cache_dir, tiny_root):
     """train_cli(run_dir, *overrides) runs `python -m PACKAGE.train` as a user would, on tiny data."""
 
-    def run(run_dir: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}",
+    def run(run_dir: Path, *overrides: str, check: bool = True,
+            launcher: tuple[str, ...] = (sys.executable,)) -> subprocess.CompletedProcess:
+        command = [*launcher, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}",
                    *tiny(overrides, cache_dir, tiny_root)]
         result = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=600,
                                 env={**os.environ, "PYTHONWARNINGS": "ignore"})

@@ -9,8 +9,10 @@ from PIL import Image
 from {{ cookiecutter.package }}.config import ConfigError
 from {{ cookiecutter.package }}.data import (MEAN, STD, CenterCrop, ImageFiles, OnDevice, TrainCrop, image_folder,
                                              make_loader)
+from {{ cookiecutter.package }}.distributed import World
 
 CPU = torch.device("cpu")
+ALONE = World(rank=0, local_rank=0, size=1, device=CPU)
 
 
 def encoded(image: Image.Image, format: str = "JPEG", **options) -> bytes:
@@ -78,7 +80,7 @@ def tree_with_bad_files(tmp_path):
 
 def test_bad_files_are_skipped_counted_once_and_batches_keep_their_size(tree_with_bad_files):
     splits = image_folder(str(tree_with_bad_files), 32, 36, "skip")
-    loader = make_loader(splits.train, 4, False, 0, CPU, num_workers=2, prefetch_factor=2, pin_memory=False,
+    loader = make_loader(splits.train, 4, False, 0, ALONE, num_workers=2, prefetch_factor=2, pin_memory=False,
                          persistent_workers=False)
     for _ in range(2):  # two epochs, so each bad file is met twice, in a different worker process each time
         assert [len(labels) for _, labels in loader] == [4, 4, 3]
@@ -122,7 +124,7 @@ def augmented(seed: int, epochs: int = 2) -> list[torch.Tensor]:
         def __getitem__(self, index):
             return TrainCrop(16)(data), 0
 
-    loader = make_loader(Same(), 2, False, seed, CPU, num_workers=2, prefetch_factor=2, pin_memory=False,
+    loader = make_loader(Same(), 2, False, seed, ALONE, num_workers=2, prefetch_factor=2, pin_memory=False,
                          persistent_workers=False)
     return [images for _ in range(epochs) for images, _ in loader]
 
@@ -146,3 +148,24 @@ def test_on_device_normalises_and_keeps_length():
     expected = (255 - torch.tensor(MEAN)) / torch.tensor(STD)
     assert normalised.dtype == torch.float32 and torch.allclose(normalised[0, :, 0, 0], expected)
     assert labels.tolist() == [0, 1]
+
+
+def test_validation_shards_cover_every_image_once():
+    dataset = torch.utils.data.TensorDataset(torch.arange(10))
+    shards = [list(make_loader(dataset, 3, False, 0, World(rank, rank, 3, CPU), num_workers=0, prefetch_factor=2,
+                               pin_memory=False, persistent_workers=False)) for rank in range(3)]
+    seen = sorted(int(value) for shard in shards for (batch,) in shard for value in batch)
+    assert seen == list(range(10))
+
+
+def test_training_shards_are_disjoint_and_reshuffled_per_epoch():
+    dataset = torch.utils.data.TensorDataset(torch.arange(12))
+
+    def epoch(rank, number):
+        loader = OnDevice(make_loader(dataset, 2, True, 0, World(rank, rank, 2, CPU), num_workers=0,
+                                      prefetch_factor=2, pin_memory=False, persistent_workers=False), CPU)
+        loader.set_epoch(number)
+        return [int(value) for (batch,) in loader.loader for value in batch]
+
+    assert sorted(epoch(0, 0) + epoch(1, 0)) == list(range(12))
+    assert epoch(0, 0) != epoch(0, 1)

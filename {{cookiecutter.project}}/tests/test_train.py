@@ -1,6 +1,7 @@
-"""The real command line: a run resumes from its checkpoint, and bad input fails in one line, writing nothing."""
+"""The real command line: a run resumes from its checkpoint, torchrun works, bad input fails in one line."""
 import json
 import re
+import sys
 
 import pytest
 
@@ -50,3 +51,15 @@ def test_bad_input_fails_with_one_clear_line(overrides, tmp_path, train_cli):
     assert key in result.stderr or overrides[-1].split("=")[1] in result.stderr, result.stderr[-2000:]
     written = {path.name for path in run_dir.iterdir()} if run_dir.exists() else set()
     assert written <= HYDRA_OWN
+
+
+def test_torchrun_two_processes_share_one_run_folder(tmp_path, train_cli):
+    run_dir = tmp_path / "run"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    train_cli(run_dir, "train.epochs=2", launcher=launcher)
+    # 24 training images, 2 processes, batch 4 each: 3 steps per epoch per process.
+    assert summary(run_dir)["steps"] == 2 * 3
+    assert len(list((run_dir / "tb").glob("events.*"))) == 1
+    assert [p.name for p in run_dir.glob("*.pt")] == ["last.pt"]
+    log = (run_dir / "train.log").read_text()
+    assert "(2 processes)" in log and "12 val images" in log

@@ -30,6 +30,17 @@ def save(state: dict, path: Path) -> None:
     write_atomic(path, lambda temporary: torch.save(state, temporary))
 
 
+class Checkpoints:
+    """last.pt in the run folder, written by the main process only; the other ranks hold the same weights."""
+
+    def __init__(self, run_dir: Path, writes: bool):
+        self.path, self.writes = run_dir / "last.pt", writes
+
+    def save(self, state: dict) -> None:
+        if self.writes:
+            save(state, self.path)
+
+
 def find(resume: str | None, run_dir: Path) -> Path | None:
     """The checkpoint to resume from: None, 'auto' (last.pt in the run folder, if any) or a path."""
     if resume is None:

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
 from torchvision.transforms import RandomResizedCrop
 from torchvision.transforms.functional import pil_to_tensor
 
 from . import synth
 from .config import ConfigError
+from .distributed import Shard, World
 
 log = logging.getLogger(__name__)
 
@@ -158,15 +159,22 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-def make_loader(dataset: Dataset, batch_size: int, train: bool, seed: int, device: torch.device,
+def make_loader(dataset: Dataset, batch_size: int, train: bool, seed: int, world: World,
                 num_workers: int, prefetch_factor: int, pin_memory: bool, persistent_workers: bool) -> DataLoader:
+    """Training batches are shuffled and full, a different share per process; validation covers each image once."""
+    if not train:
+        sampler = Shard(dataset, world)
+    elif world.size > 1:
+        sampler = DistributedSampler(dataset, world.size, world.rank, shuffle=True, seed=seed, drop_last=True)
+    else:
+        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
     return DataLoader(
-        dataset, batch_size=batch_size, shuffle=train, drop_last=train, num_workers=num_workers,
-        pin_memory=pin_memory and device.type == "cuda",
+        dataset, batch_size=batch_size, sampler=sampler, drop_last=train, num_workers=num_workers,
+        pin_memory=pin_memory and world.device.type == "cuda",
         prefetch_factor=prefetch_factor if num_workers else None,
         persistent_workers=persistent_workers and num_workers > 0,
         worker_init_fn=seed_worker,
-        generator=torch.Generator().manual_seed(seed),  # draws a new worker base seed each epoch
+        generator=torch.Generator().manual_seed(seed + world.rank),  # a new worker base seed each epoch
     )
 
 
@@ -181,6 +189,11 @@ class OnDevice:
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle a distributed sampler for this epoch (other samplers draw from their generator)."""
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
 
     def __iter__(self):
         for images, labels in self.loader:

@@ -19,10 +19,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from . import checkpoint
+from . import checkpoint, distributed
 from .clock import Clock, Window
 from .config import ClearError, build, check
 from .data import OnDevice, make_loader
+from .distributed import World
+from .logger import NullLogger
+from .profiler import NoProfiler
 from .report import Loader, diagnose, environment, format_report
 from .sysmon import SystemMonitor
 
@@ -40,9 +43,10 @@ class Run:
     val_loader: OnDevice
     clock: Clock
     sysmon: SystemMonitor
-    logger: object
-    profiler: object
-    device: torch.device
+    logger: NullLogger
+    profiler: NoProfiler
+    checkpoints: checkpoint.Checkpoints
+    world: World
     log_every: int
     max_steps: int | None
     limit_val_batches: int | None
@@ -50,23 +54,28 @@ class Run:
     step: int = 0
     windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
 
+    @property
+    def device(self) -> torch.device:
+        return self.world.device
+
     def state(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "step": self.step}
 
     def restore(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        distributed.unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.epoch, self.step = state["epoch"], state["step"]
 
 
-def make_run(cfg: DictConfig, run_dir: Path, device: torch.device):
+def make_run(cfg: DictConfig, run_dir: Path, world: World):
     """Build data, model and helpers; everything that can refuse the config does so before any file is written."""
+    device = world.device
     splits = build(cfg.data)
-    loaders = [OnDevice(make_loader(dataset, cfg.train.batch_size, train, cfg.seed, device, **cfg.loader), device)
+    loaders = [OnDevice(make_loader(dataset, cfg.train.batch_size, train, cfg.seed, world, **cfg.loader), device)
                for dataset, train in ((splits.train, True), (splits.val, False))]
-    model = build(cfg.model, data_classes=len(splits.classes)).to(device)
+    model = world.wrap(build(cfg.model, data_classes=len(splits.classes)).to(device))
     optimizer = build(cfg.optim, model=model)
     steps_per_epoch = len(loaders[0])
     total_steps = steps_per_epoch * cfg.train.epochs
@@ -75,16 +84,20 @@ def make_run(cfg: DictConfig, run_dir: Path, device: torch.device):
     scheduler = build(cfg.schedule, optimizer=optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
     resume_from = checkpoint.find(cfg.resume, run_dir)
     state = checkpoint.load(resume_from, device) if resume_from else None
+    writes = world.is_main  # the other ranks get objects that write nothing
     run = Run(model, optimizer, scheduler, torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
-              *loaders, Clock(device), SystemMonitor(device), build(cfg.logger, run_dir=run_dir),
-              build(cfg.profiler, run_dir=run_dir), device, cfg.train.log_every,
+              *loaders, Clock(device), SystemMonitor(device),
+              build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
+              build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
+              checkpoint.Checkpoints(run_dir, writes), world, cfg.train.log_every,
               cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None)
     if state:
         run.restore(state)
         log.info("resumed from %s at epoch %d, step %d", resume_from, run.epoch, run.step)
-    log.info("%s on %s: %d classes, %d train / %d val images, %d steps per epoch", cfg.model.name, device,
-             len(splits.classes), len(splits.train), len(splits.val), steps_per_epoch)
+    log.info("%s on %s (%d process%s): %d classes, %d train / %d val images, %d steps per epoch per process",
+             cfg.model.name, device, world.size, "es" if world.size > 1 else "", len(splits.classes),
+             len(splits.train), len(splits.val), steps_per_epoch)
     return run, splits
 
 
@@ -105,6 +118,7 @@ def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
 def train_one_epoch(run: Run, epoch: int) -> bool:
     """Train until the loader or train.max_steps runs out; True if the whole epoch ran."""
     run.model.train()
+    run.train_loader.set_epoch(epoch)
     loss_sum = torch.zeros((), device=run.device)
     run.clock.start()
     bar = tqdm(run.clock.timed(run.train_loader), total=len(run.train_loader), desc=f"epoch {epoch}",
@@ -138,13 +152,14 @@ def accuracy(output: torch.Tensor, target: torch.Tensor, topk: tuple[int, ...]) 
 @torch.no_grad()
 def evaluate(run: Run) -> tuple[float, float]:
     run.model.eval()
-    correct, seen = torch.zeros(2, device=run.device, dtype=torch.long), 0
+    counts = torch.zeros(3, device=run.device, dtype=torch.long)  # top-1 hits, top-5 hits, images
     for batch_index, (images, labels) in enumerate(run.val_loader):
         if batch_index == run.limit_val_batches:
             break
-        correct += accuracy(run.model(images), labels, topk=(1, 5))
-        seen += len(labels)
-    top1, top5 = (100 * correct.double() / max(1, seen)).tolist()
+        counts[:2] += accuracy(run.model(images), labels, topk=(1, 5))
+        counts[2] += len(labels)
+    hits1, hits5, seen = run.world.sum(counts).tolist()
+    top1, top5 = 100 * hits1 / max(1, seen), 100 * hits5 / max(1, seen)
     run.logger.scalars({"val/top1": top1, "val/top5": top5}, run.step)
     log.info("epoch %d step %d: val top-1 %.2f%%, top-5 %.2f%%", run.epoch, run.step, top1, top5)
     return top1, top5
@@ -165,34 +180,37 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, skipped_files
             "env": environment(run.device)}
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict:
+def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     check(cfg)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    run, splits = make_run(cfg, run_dir, device)
+    run, splits = make_run(cfg, run_dir, world)
     scores = None
     with run.profiler:
         while run.epoch < cfg.train.epochs and run.step != run.max_steps:
             if train_one_epoch(run, run.epoch):
                 run.epoch += 1  # a run cut short by max_steps resumes at the start of the unfinished epoch
             scores = evaluate(run)
-            checkpoint.save(run.state(), run_dir / "last.pt")
+            run.checkpoints.save(run.state())
     top1, top5 = scores or evaluate(run)  # a resumed run that had nothing left still reports its accuracy
     run.logger.close()
     summary = summarize(run, cfg, top1, top5, splits.skipped_files())
-    checkpoint.write_atomic(run_dir / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
-    log.info("%s\nsummary: %s", format_report(summary), run_dir / "summary.json")
+    if world.is_main:
+        checkpoint.write_atomic(run_dir / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
+        log.info("%s\nsummary: %s", format_report(summary), run_dir / "summary.json")
     return summary
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
 def main(cfg: DictConfig) -> None:
+    world = distributed.setup()
     try:
-        train(cfg, Path(HydraConfig.get().runtime.output_dir))
+        train(cfg, Path(HydraConfig.get().runtime.output_dir), world)
     except ClearError as err:
         sys.exit(f"error: {err}")
+    finally:
+        distributed.teardown()
 
 
 if __name__ == "__main__":
