@@ -1,5 +1,6 @@
 """Refuse answers that would bake a project which cannot be imported or installed."""
 import keyword
+import re
 import sys
 
 PROJECT = "{{ cookiecutter.project }}"
@@ -17,6 +18,8 @@ TAKEN = {
 def refusal() -> str | None:
     if not PROJECT.strip():
         return "project must not be empty"
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", PROJECT):
+        return f"project {PROJECT!r} must be letters, digits, '.', '_' or '-' (it names the folder and the distribution)"
     if not PACKAGE.isidentifier() or keyword.iskeyword(PACKAGE):
         return f"package {PACKAGE!r} is not a valid Python identifier; pick one like 'my_project'"
     if PACKAGE in sys.stdlib_module_names or PACKAGE in TAKEN:

@@ -62,6 +62,7 @@ def test_command_line_bake(template, tmp_path):
     ("package=class", "package 'class' is not a valid Python identifier"),
     ("project=", "project must not be empty"),
     ("project=   ", "project must not be empty"),
+    ("project=my project", "project 'my project' must be letters, digits"),
 ])
 def test_hook_refuses_bad_names(template, tmp_path, answer, message):
     output = tmp_path / "out"  # not there yet: an empty project name renders to this folder itself

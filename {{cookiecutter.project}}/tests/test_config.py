@@ -1,5 +1,6 @@
 """Every option of every config group composes and builds; the list comes from globbing conf/."""
 import json
+import sys
 
 import pytest
 import torch
@@ -91,3 +92,12 @@ def test_option_composes_and_builds(group, option, compose_tiny, tmp_path):
         cfg.optim.lr = 0.2
     built = build(cfg[group], **runtime(tmp_path))
     check(built, cfg, tmp_path, option)
+
+
+def test_missing_optional_backend_is_refused_in_one_line_naming_its_extra(monkeypatch, tmp_path):
+    from {{ cookiecutter.package }}.config import ConfigError
+    from {{ cookiecutter.package }}.logger import tensorboard
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # what an absent package looks like to import
+    with pytest.raises(ConfigError, match=r"tensorboard is not installed .*: pip install -e '\.\[tensorboard\]'"):
+        tensorboard(tmp_path)

@@ -1,5 +1,6 @@
 """The built-in data: ImageNet-like sizes, photo-like file sizes, and classes that carry signal."""
 import numpy as np
+import pytest
 from PIL import Image
 
 from {{ cookiecutter.package }}.synth import write_dataset
@@ -38,3 +39,11 @@ def test_classes_are_separable_by_a_simple_feature(tmp_path):
     means = np.stack([train_x[train_y == c].mean(0) for c in range(5)])
     predicted = np.argmin(((val_x[:, None] - means[None]) ** 2).sum(-1), axis=1)
     assert (predicted == val_y).mean() >= 0.8  # chance is 0.2
+
+
+def test_unwritable_destination_is_one_clear_error(tmp_path):
+    from {{ cookiecutter.package }}.config import ClearError
+
+    (tmp_path / "file").write_text("a file where a folder should go")
+    with pytest.raises(ClearError, match="could not write the synthetic data set"):
+        write_dataset(tmp_path / "file" / "set", num_classes=2, train_per_class=1, val_per_class=1, workers=1)

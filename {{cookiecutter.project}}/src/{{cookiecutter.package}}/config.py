@@ -1,5 +1,7 @@
 """Start-up checks and building from config, so a bad command line costs one clear line, not a traceback."""
+import importlib
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 from hydra import compose
@@ -15,6 +17,14 @@ class ClearError(Exception):
 
 class ConfigError(ClearError):
     """A mistake in the command line, the config or the input paths."""
+
+
+def optional_import(module: str, extra: str) -> ModuleType:
+    """Import a backend's package where the backend is built, or refuse in one line naming the extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ConfigError(f"{module} is not installed ({err}): pip install -e '.[{extra}]'") from None
 
 
 def build(node: DictConfig, **runtime: Any) -> Any:

@@ -1,6 +1,8 @@
 """Where the per-window numbers go: TensorBoard, or nowhere (`logger=none`)."""
 from pathlib import Path
 
+from .config import optional_import
+
 # One chart with data time and compute time together, under TensorBoard's Custom Scalars tab.
 LAYOUT = {
     "where the time goes": {
@@ -21,6 +23,7 @@ class NullLogger:
 
 class TensorBoardLogger(NullLogger):
     def __init__(self, log_dir: Path):
+        optional_import("tensorboard", "tensorboard")  # torch.utils.tensorboard fails deep inside without it
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(log_dir))

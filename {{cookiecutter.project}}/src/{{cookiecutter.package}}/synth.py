@@ -9,12 +9,15 @@ sensor noise give the files the size and entropy of camera JPEGs (about 80-110 K
 import argparse
 import os
 import shutil
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from .config import ClearError
 
 JPEG_QUALITY = 90
 
@@ -85,11 +88,11 @@ def write_dataset(out: Path, num_classes: int, train_per_class: int, val_per_cla
     for split, per_class, offset in (("train", train_per_class, 0), ("val", val_per_class, 1 << 20)):
         for label in range(num_classes):
             folder = staging / split / f"class_{label:03d}"
-            folder.mkdir(parents=True)
-            for index in range(per_class):
-                image_seed = [seed, offset + index, label]
-                jobs.append((folder / f"{split}_{label:03d}_{index:05d}.JPEG", label, num_classes, image_seed))
+            jobs += [(folder / f"{split}_{label:03d}_{index:05d}.JPEG", label, num_classes, [seed, offset + index, label])
+                     for index in range(per_class)]
     try:
+        for folder in {path.parent for path, *_ in jobs}:
+            folder.mkdir(parents=True)
         with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
             total = sum(pool.map(write_image, jobs, chunksize=16))
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +101,8 @@ def write_dataset(out: Path, num_classes: int, train_per_class: int, val_per_cla
         except OSError:  # another process finished the same set first
             if not (out / "val").is_dir():
                 raise
+    except OSError as err:
+        raise ClearError(f"could not write the synthetic data set to {out}: {err.strerror or err}") from err
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(f"synth: wrote {len(jobs)} JPEGs ({total / 2**20:.0f} MiB) to {out}")
@@ -115,7 +120,10 @@ def main() -> None:
     if args.out.exists():
         parser.error(f"{args.out} exists; pick a new folder")
     start = time.perf_counter()
-    write_dataset(args.out, args.classes, args.train_per_class, args.val_per_class, args.seed)
+    try:
+        write_dataset(args.out, args.classes, args.train_per_class, args.val_per_class, args.seed)
+    except ClearError as err:
+        sys.exit(f"error: {err}")
     print(f"synth: {time.perf_counter() - start:.1f} s")
 
 

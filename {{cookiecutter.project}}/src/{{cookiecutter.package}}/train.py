@@ -122,7 +122,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     loss_sum = torch.zeros((), device=run.device)
     run.clock.start()
     bar = tqdm(run.clock.timed(run.train_loader), total=len(run.train_loader), desc=f"epoch {epoch}",
-               mininterval=2, dynamic_ncols=True)
+               mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
     batches = 0
     for batches, (images, labels) in enumerate(bar, start=1):
         loss = run.criterion(run.model(images), labels)
