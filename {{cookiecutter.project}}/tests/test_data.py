@@ -84,7 +84,7 @@ def test_bad_files_are_skipped_counted_once_and_batches_keep_their_size(tree_wit
                          persistent_workers=False)
     for _ in range(2):  # two epochs, so each bad file is met twice, in a different worker process each time
         assert [len(labels) for _, labels in loader] == [4, 4, 3]
-    assert splits.skipped_files() == 3
+    assert splits.skipped_files(ALONE) == 3
 
 
 def test_bad_file_raises_with_its_path_when_asked(tree_with_bad_files):

@@ -1,6 +1,7 @@
 """The real command line: a run resumes from its checkpoint, torchrun works, bad input fails in one line."""
 import json
 import re
+import shutil
 import sys
 
 import pytest
@@ -28,6 +29,17 @@ def test_resume_continues_counting_from_the_checkpoint(tmp_path, train_cli):
 
     train_cli(run_dir, "resume=auto", "train.epochs=2")  # nothing left to do: reports, trains no step
     assert summary(run_dir)["steps"] == 4 + 2 * STEPS_PER_EPOCH
+
+
+def test_unreadable_images_are_counted_in_the_summary(tmp_path, tiny_root, train_cli):
+    root = shutil.copytree(tiny_root, tmp_path / "data")
+    (root / "train/class_000/empty.JPEG").write_bytes(b"")
+    (root / "val/class_001/text.JPEG").write_text("not an image")
+    run_dir = tmp_path / "run"
+    train_cli(run_dir, "data=imagenet", f"data.root={root}", "train.batch_size=5")  # 25 images: none dropped
+    assert summary(run_dir)["skipped_files"] == 2
+    log = (run_dir / "train.log").read_text()
+    assert "skipping unreadable image" in log and "empty.JPEG" in log and "text.JPEG" in log
 
 
 BAD_INPUT = {

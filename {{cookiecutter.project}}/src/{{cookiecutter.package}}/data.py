@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.transforms import RandomResizedCrop
 from torchvision.transforms.functional import pil_to_tensor
 
@@ -35,8 +35,10 @@ class Splits:
     val: Dataset
     classes: list[str]
 
-    def skipped_files(self) -> int:
-        return self.train.skipped_files() + self.val.skipped_files()
+    def skipped_files(self, world: World) -> int:
+        """Files found unreadable by any worker of any process, each counted once."""
+        flags = torch.cat([self.train.bad_flags(), self.val.bad_flags()]).to(world.device, torch.int32)
+        return int(world.sum(flags).count_nonzero())
 
 
 def list_images(split_dir: Path, classes: list[str] | None = None) -> tuple[list[tuple[Path, int]], list[str]]:
@@ -113,8 +115,8 @@ class ImageFiles(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def skipped_files(self) -> int:
-        return int(np.frombuffer(self.bad, dtype=np.int8).sum())
+    def bad_flags(self) -> torch.Tensor:
+        return torch.frombuffer(self.bad, dtype=torch.int8)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         for offset in range(len(self.samples)):
@@ -161,13 +163,13 @@ def seed_worker(worker_id: int) -> None:
 
 def make_loader(dataset: Dataset, batch_size: int, train: bool, seed: int, world: World,
                 num_workers: int, prefetch_factor: int, pin_memory: bool, persistent_workers: bool) -> DataLoader:
-    """Training batches are shuffled and full, a different share per process; validation covers each image once."""
-    if not train:
-        sampler = Shard(dataset, world)
-    elif world.size > 1:
-        sampler = DistributedSampler(dataset, world.size, world.rank, shuffle=True, seed=seed, drop_last=True)
-    else:
-        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    """Training batches are shuffled and full, a different share per process; validation covers each image once.
+
+    DistributedSampler serves a single process too (one replica needs no process group); its order depends
+    only on seed and epoch, so a resumed run sees the same order the uninterrupted one would have.
+    """
+    sampler = (DistributedSampler(dataset, world.size, world.rank, shuffle=True, seed=seed, drop_last=True)
+               if train else Shard(dataset, world))
     return DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, drop_last=train, num_workers=num_workers,
         pin_memory=pin_memory and world.device.type == "cuda",
@@ -191,9 +193,8 @@ class OnDevice:
         return len(self.loader)
 
     def set_epoch(self, epoch: int) -> None:
-        """Reshuffle a distributed sampler for this epoch (other samplers draw from their generator)."""
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
+        """Shuffle the training order for this epoch."""
+        self.sampler.set_epoch(epoch)
 
     def __iter__(self):
         for images, labels in self.loader:

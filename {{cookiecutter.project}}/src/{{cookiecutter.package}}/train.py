@@ -58,6 +58,10 @@ class Run:
     def device(self) -> torch.device:
         return self.world.device
 
+    @property
+    def out_of_steps(self) -> bool:
+        return self.max_steps is not None and self.step >= self.max_steps
+
     def state(self) -> dict:
         return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "step": self.step}
@@ -135,7 +139,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
         run.step += 1
         if run.step % run.log_every == 0:
             end_window(run, bar, loss_sum)
-        if run.step == run.max_steps:
+        if run.out_of_steps:
             break
     end_window(run, bar, loss_sum)
     bar.close()
@@ -188,14 +192,14 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     run, splits = make_run(cfg, run_dir, world)
     scores = None
     with run.profiler:
-        while run.epoch < cfg.train.epochs and run.step != run.max_steps:
+        while run.epoch < cfg.train.epochs and not run.out_of_steps:
             if train_one_epoch(run, run.epoch):
                 run.epoch += 1  # a run cut short by max_steps resumes at the start of the unfinished epoch
             scores = evaluate(run)
             run.checkpoints.save(run.state())
     top1, top5 = scores or evaluate(run)  # a resumed run that had nothing left still reports its accuracy
     run.logger.close()
-    summary = summarize(run, cfg, top1, top5, splits.skipped_files())
+    summary = summarize(run, cfg, top1, top5, splits.skipped_files(world))
     if world.is_main:
         checkpoint.write_atomic(run_dir / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
         log.info("%s\nsummary: %s", format_report(summary), run_dir / "summary.json")
