@@ -42,6 +42,18 @@ def test_unreadable_images_are_counted_in_the_summary(tmp_path, tiny_root, train
     assert "skipping unreadable image" in log and "empty.JPEG" in log and "text.JPEG" in log
 
 
+@pytest.mark.parametrize(("option", "written", "absent"), [
+    ("profiler=torch", "profile/trace.json", "profile.prof"),
+    ("profiler=cprofile", "profile.prof", "profile"),
+    ("logger=none", "summary.json", "tb"),
+])
+def test_options_take_effect_through_the_loop(option, written, absent, tmp_path, train_cli):
+    run_dir = tmp_path / "run"
+    train_cli(run_dir, option)
+    assert (run_dir / written).stat().st_size > 0
+    assert not (run_dir / absent).exists()
+
+
 BAD_INPUT = {
     "optim.lr=abc": ["optim.lr=abc"],
     "train.epochs=two": ["train.epochs=two"],
