@@ -17,6 +17,7 @@ TINY_DATA = ["data.num_classes=3", "data.train_per_class=8", "data.val_per_class
              "data.crop_size=32", "data.val_resize=36"]
 TINY_RUN = ["model.name=resnet18", "train.batch_size=4", "train.epochs=1", "train.log_every=2",
             "loader.num_workers=0"]
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}  # the same runs on any machine
 TINY_OPTIONS = {"profiler=torch": ["profiler.wait=1", "profiler.warmup=1", "profiler.active=1"]}
 
 
@@ -62,7 +63,7 @@ def train_cli(cache_dir, tiny_root):
         command = [*launcher, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}",
                    *tiny(overrides, cache_dir, tiny_root)]
         result = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=600,
-                                env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                                env={**os.environ, **CPU_ONLY})
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
         return result

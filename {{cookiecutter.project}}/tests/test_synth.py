@@ -1,4 +1,7 @@
 """The built-in data: ImageNet-like sizes, photo-like file sizes, and classes that carry signal."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -47,3 +50,13 @@ def test_unwritable_destination_is_one_clear_error(tmp_path):
     (tmp_path / "file").write_text("a file where a folder should go")
     with pytest.raises(ClearError, match="could not write the synthetic data set"):
         write_dataset(tmp_path / "file" / "set", num_classes=2, train_per_class=1, val_per_class=1, workers=1)
+
+
+def test_command_line_writes_the_layout_and_refuses_to_overwrite(tmp_path):
+    command = [sys.executable, "-m", "{{ cookiecutter.package }}.synth", "--out", str(tmp_path / "set"),
+               "--classes", "2", "--train-per-class", "2", "--val-per-class", "1"]
+    assert subprocess.run(command, capture_output=True, timeout=120).returncode == 0
+    assert len(list((tmp_path / "set/train").glob("*/*.JPEG"))) == 4
+    assert len(list((tmp_path / "set/val").glob("*/*.JPEG"))) == 2
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert again.returncode != 0 and "exists; pick a new folder" in again.stderr
