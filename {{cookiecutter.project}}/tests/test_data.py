@@ -15,6 +15,12 @@ CPU = torch.device("cpu")
 ALONE = World(rank=0, local_rank=0, size=1, device=CPU)
 
 
+def loader(dataset, batch_size: int, train: bool, world: World = ALONE, seed: int = 0, num_workers: int = 0):
+    """make_loader with the CPU settings every test here shares."""
+    return make_loader(dataset, batch_size, train, seed, world, num_workers=num_workers, prefetch_factor=2,
+                       pin_memory=False, persistent_workers=False)
+
+
 def encoded(image: Image.Image, format: str = "JPEG", **options) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format, **options)
@@ -80,10 +86,9 @@ def tree_with_bad_files(tmp_path):
 
 def test_bad_files_are_skipped_counted_once_and_batches_keep_their_size(tree_with_bad_files):
     splits = image_folder(str(tree_with_bad_files), 32, 36, "skip")
-    loader = make_loader(splits.train, 4, False, 0, ALONE, num_workers=2, prefetch_factor=2, pin_memory=False,
-                         persistent_workers=False)
+    batches = loader(splits.train, 4, False, num_workers=2)
     for _ in range(2):  # two epochs, so each bad file is met twice, in a different worker process each time
-        assert [len(labels) for _, labels in loader] == [4, 4, 3]
+        assert [len(labels) for _, labels in batches] == [4, 4, 3]
     assert splits.skipped_files(ALONE) == 3
 
 
@@ -124,9 +129,8 @@ def augmented(seed: int, epochs: int = 2) -> list[torch.Tensor]:
         def __getitem__(self, index):
             return TrainCrop(16)(data), 0
 
-    loader = make_loader(Same(), 2, False, seed, ALONE, num_workers=2, prefetch_factor=2, pin_memory=False,
-                         persistent_workers=False)
-    return [images for _ in range(epochs) for images, _ in loader]
+    batches = loader(Same(), 2, False, seed=seed, num_workers=2)
+    return [images for _ in range(epochs) for images, _ in batches]
 
 
 def test_augmentation_differs_per_worker_and_epoch_and_repeats_per_seed():
@@ -152,8 +156,7 @@ def test_on_device_normalises_and_keeps_length():
 
 def test_validation_shards_cover_every_image_once():
     dataset = torch.utils.data.TensorDataset(torch.arange(10))
-    shards = [list(make_loader(dataset, 3, False, 0, World(rank, rank, 3, CPU), num_workers=0, prefetch_factor=2,
-                               pin_memory=False, persistent_workers=False)) for rank in range(3)]
+    shards = [list(loader(dataset, 3, False, World(rank, rank, 3, CPU))) for rank in range(3)]
     seen = sorted(int(value) for shard in shards for (batch,) in shard for value in batch)
     assert seen == list(range(10))
 
@@ -162,10 +165,9 @@ def test_training_shards_are_disjoint_and_reshuffled_per_epoch():
     dataset = torch.utils.data.TensorDataset(torch.arange(12))
 
     def epoch(rank, number):
-        loader = OnDevice(make_loader(dataset, 2, True, 0, World(rank, rank, 2, CPU), num_workers=0,
-                                      prefetch_factor=2, pin_memory=False, persistent_workers=False), CPU)
-        loader.set_epoch(number)
-        return [int(value) for (batch,) in loader.loader for value in batch]
+        shuffled = OnDevice(loader(dataset, 2, True, World(rank, rank, 2, CPU)), CPU)
+        shuffled.set_epoch(number)
+        return [int(value) for (batch,) in shuffled.loader for value in batch]
 
     assert sorted(epoch(0, 0) + epoch(1, 0)) == list(range(12))
     assert epoch(0, 0) != epoch(0, 1)

@@ -11,6 +11,9 @@ from .config import ClearError, ConfigError
 log = logging.getLogger(__name__)
 
 
+LAST = "last.pt"  # the checkpoint every epoch overwrites, and the one resume=auto looks for
+
+
 class WriteError(ClearError):
     """A run file could not be written (a full disk, say); the previous version is intact."""
 
@@ -34,7 +37,7 @@ class Checkpoints:
     """last.pt in the run folder, written by the main process only; the other ranks hold the same weights."""
 
     def __init__(self, run_dir: Path, writes: bool):
-        self.path, self.writes = run_dir / "last.pt", writes
+        self.path, self.writes = run_dir / LAST, writes
 
     def save(self, state: dict) -> None:
         if self.writes:
@@ -46,7 +49,7 @@ def find(resume: str | None, run_dir: Path) -> Path | None:
     if resume is None:
         return None
     if resume == "auto":
-        path = run_dir / "last.pt"
+        path = run_dir / LAST
         if not path.is_file():
             log.info("resume=auto: no %s yet, starting from scratch", path)
             return None
