@@ -1,10 +1,13 @@
 """The real config, composed once and shrunk: CPU, a tiny synthetic data set, a few steps, output under tmp_path."""
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -21,6 +24,56 @@ CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}  # the same 
 TINY_OPTIONS = {"profiler=torch": ["profiler.wait=1", "profiler.warmup=1", "profiler.active=1"]}
 
 
+def encoded(image: Image.Image, format: str = "JPEG", **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format, **options)
+    return buffer.getvalue()
+
+
+def photo(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
+    """A left-to-right ramp with noise: smooth enough for JPEG, different in every row and column."""
+    rng = np.random.default_rng(seed)
+    base = np.linspace(0, 255, width)[None, :, None] * np.ones((height, 1, 3))
+    pixels = np.clip(base + rng.normal(0, 20, (height, width, 3)), 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels).convert(mode)
+
+
+def exif_rotated(width: int, height: int) -> bytes:
+    """A JPEG whose EXIF orientation (6) asks viewers to turn it 90 degrees clockwise."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return encoded(photo(width, height), exif=exif.tobytes())
+
+
+# ImageNet's known oddities; every decoder reads each of them.
+ODD_FILES = {
+    "rgb": encoded(photo(500, 375)),
+    "grayscale": encoded(photo(500, 375, "L")),
+    "cmyk": encoded(photo(500, 375, "CMYK")),
+    "png_named_jpeg": encoded(photo(300, 200), "PNG"),
+    "progressive": encoded(photo(500, 375), progressive=True),
+    "exif_rotated": exif_rotated(500, 375),
+    "large": encoded(photo(4000, 3000)),
+    "tiny": encoded(photo(16, 16)),
+}
+
+
+@pytest.fixture
+def tree_with_bad_files(tmp_path):
+    """Two classes of 4 good images per split, plus a zero-byte, a truncated and a text file in train/."""
+    for split in ("train", "val"):
+        for label in ("a", "b"):
+            folder = tmp_path / split / label
+            folder.mkdir(parents=True)
+            for index in range(4):
+                (folder / f"{index}.JPEG").write_bytes(encoded(photo(80, 60, seed=index)))
+    good = (tmp_path / "train/a/0.JPEG").read_bytes()
+    (tmp_path / "train/a/zero.JPEG").write_bytes(b"")
+    (tmp_path / "train/a/truncated.JPEG").write_bytes(good[: len(good) // 2])
+    (tmp_path / "train/b/text.JPEG").write_text("not an image")
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
     """Where data=synthetic writes its files; shared by the session so they are made once."""
@@ -35,16 +88,36 @@ def tiny_root(cache_dir) -> Path:
     return write_dataset(cache_dir / "tiny-tree", num_classes=3, train_per_class=8, val_per_class=4, workers=2)
 
 
+TENSOR_SHORT_SIDE = 40
+
+
+@pytest.fixture(scope="session")
+def packs(cache_dir, tiny_root) -> dict[str, Path]:
+    """The tiny tree packed into every packed format, once per session."""
+    from {{ cookiecutter.package }}.pack import pack
+
+    packed = {}
+    for path in sorted((CONF / "format").glob("*.yaml")):
+        if path.stem != "folder":
+            packed[path.stem] = cache_dir / f"packed-{path.stem}"
+            pack(tiny_root, path.stem, packed[path.stem], TENSOR_SHORT_SIDE if path.stem == "tensor" else None,
+                 90, 2, False, "raise")
+    return packed
+
+
 def tiny(overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path) -> list[str]:
     """The user's overrides on top of those that shrink the run and point the chosen data option at tiny data."""
     data = ([f"data.root={tiny_root}", "data.crop_size=32", "data.val_resize=36"] if "data=imagenet" in overrides
             else [f"data.cache_dir={cache_dir}", *TINY_DATA])
     options = [shrink for choice, shrinks in TINY_OPTIONS.items() if choice in overrides for shrink in shrinks]
-    return [*data, *TINY_RUN, *options, *overrides]
+    packed = [f"format.path={cache_dir / f'packed-{choice[7:]}'}" for choice in overrides
+              if choice.startswith("format=") and choice != "format=folder"]
+    staged = [f"staging.dir={cache_dir / 'staged'}", "staging.reserve_gb=0"] if "staging=tmpfs" in overrides else []
+    return [*data, *TINY_RUN, *options, *packed, *staged, *overrides]
 
 
 @pytest.fixture
-def compose_tiny(cache_dir, tiny_root):
+def compose_tiny(cache_dir, tiny_root, packs):
     """compose(overrides) -> the shrunk training config with those overrides on top."""
 
     def composed(*overrides: str) -> DictConfig:
@@ -55,7 +128,7 @@ def compose_tiny(cache_dir, tiny_root):
 
 
 @pytest.fixture
-def train_cli(cache_dir, tiny_root):
+def train_cli(cache_dir, tiny_root, packs):
     """train_cli(run_dir, *overrides) runs `python -m PACKAGE.train` as a user would, on tiny data."""
 
     def run(run_dir: Path, *overrides: str, check: bool = True,

@@ -6,8 +6,9 @@ import pytest
 import torch
 from conftest import CONF
 
-from {{ cookiecutter.package }}.config import build
-from {{ cookiecutter.package }}.data import Splits
+from {{ cookiecutter.package }}.config import ConfigError, build
+from {{ cookiecutter.package }}.data import Source
+from {{ cookiecutter.package }}.distributed import World
 
 OPTIONS = sorted((path.parent.name, path.stem) for path in CONF.glob("*/*.yaml"))
 
@@ -18,11 +19,9 @@ def tiny_model() -> torch.nn.Module:
 
 
 # What the training script passes each group at build time, and what the built object must do.
-def check_data(splits, cfg, tmp_path, option):
-    assert isinstance(splits, Splits) and len(splits.classes) == 3
-    image, label = splits.train[0]
-    assert image.dtype == torch.uint8 and image.shape == (3, cfg.data.crop_size, cfg.data.crop_size)
-    assert 0 <= label < 3 and len(splits.val) == 12
+def check_data(source, cfg, tmp_path, option):
+    assert isinstance(source, Source) and source.crop_size == cfg.data.crop_size
+    assert (source.root / "train").is_dir() and len(list((source.root / "train").iterdir())) == 3
 
 
 def check_model(model, cfg, tmp_path, option):
@@ -70,6 +69,51 @@ def schedule_args(tmp_path):
     return {"optimizer": optimizer, "total_steps": 20, "steps_per_epoch": 5}
 
 
+def check_format(stores, cfg, tmp_path, option):
+    assert stores.classes == ["c00", "c01", "c02"] or len(stores.classes) == 3
+    assert len(stores.train) == 24 and len(stores.val) == 12
+    payload = stores.train.read(0)
+    assert payload.ndim == 3 if option == "tensor" else payload[:2] == b"\xff\xd8"  # pixels, or a JPEG
+
+
+def check_decoder(decoder, cfg, tmp_path, option):
+    assert hasattr(decoder, "transform") and hasattr(decoder, "upload")
+    if option in ("nvjpeg", "dali"):
+        with pytest.raises(ConfigError, match="decodes on the GPU"):
+            decoder.check_device(torch.device("cpu"))
+
+
+def check_staging(stage, cfg, tmp_path, option):
+    source = tmp_path / "data"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub/file").write_bytes(b"x" * 10)
+    staged = stage(source)
+    assert (staged / "sub/file").read_bytes() == b"x" * 10
+    assert (staged == source) == (option == "none")
+
+
+def check_prefetcher(prefetcher, cfg, tmp_path, option):
+    assert len(prefetcher) == 2
+    (images, labels), _ = list(prefetcher)
+    assert images.dtype == torch.float32 and images.shape == (3, 3, 4, 4) and labels.tolist() == [0, 1, 2]
+
+
+def prefetcher_args(tmp_path):
+    from {{ cookiecutter.package }}.data import ToDevice
+    from {{ cookiecutter.package }}.decoder import pil
+
+    images = torch.zeros((6, 4, 4, 3), dtype=torch.uint8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, torch.arange(6)), batch_size=3)
+    return {"loader": loader, "to_device": ToDevice(pil(), torch.device("cpu"), False)}
+
+
+def format_args(tmp_path, tiny_root):
+    from {{ cookiecutter.package }}.data import imagenet
+    from {{ cookiecutter.package }}.staging import no_staging
+
+    return {"source": imagenet(str(tiny_root), 32, 36, "skip"), "stage": no_staging}
+
+
 RUNTIME = {
     "data": (lambda tmp_path: {}, check_data),
     "model": (lambda tmp_path: {"data_classes": 3}, check_model),
@@ -77,7 +121,13 @@ RUNTIME = {
     "schedule": (schedule_args, check_schedule),
     "logger": (lambda tmp_path: {"run_dir": tmp_path}, check_logger),
     "profiler": (lambda tmp_path: {"run_dir": tmp_path}, check_profiler),
+    "format": (format_args, check_format),
+    "decoder": (lambda tmp_path: {}, check_decoder),
+    "staging": (lambda tmp_path: {"world": World(0, 0, 1, torch.device("cpu"))}, check_staging),
+    "prefetcher": (prefetcher_args, check_prefetcher),
 }
+GPU_ONLY = {"prefetcher=cuda_stream": "copies on a CUDA stream"}
+OPTIONAL = {"decoder=turbojpeg": "simplejpeg", "decoder=dali": "nvidia.dali", "format=lmdb": "lmdb"}
 
 
 def test_every_group_has_a_check():
@@ -85,12 +135,18 @@ def test_every_group_has_a_check():
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_option_composes_and_builds(group, option, compose_tiny, tmp_path):
-    cfg = compose_tiny(f"{group}={option}")
+def test_option_composes_and_builds(group, option, compose_tiny, tmp_path, tiny_root):
+    choice = f"{group}={option}"
+    if choice in GPU_ONLY and not torch.cuda.is_available():
+        pytest.skip(f"{choice} {GPU_ONLY[choice]} and this machine has no GPU")
+    if choice in OPTIONAL:
+        pytest.importorskip(OPTIONAL[choice], reason=f"{choice} needs its extra")
+    cfg = compose_tiny(choice)
     runtime, check = RUNTIME[group]
     if group == "schedule":  # the schedule's peak is the optimizer's lr
         cfg.optim.lr = 0.2
-    built = build(cfg[group], **runtime(tmp_path))
+    arguments = runtime(tmp_path, tiny_root) if group == "format" else runtime(tmp_path)
+    built = build(cfg[group], **arguments)
     check(built, cfg, tmp_path, option)
 
 

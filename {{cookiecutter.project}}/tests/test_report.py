@@ -47,3 +47,45 @@ def test_partial_bottleneck_and_pageable_copies():
     assert "a partial bottleneck" in verdict
     assert any("loader.pin_memory=true" in line for line in advice)
     assert not any("persistent_workers" in line for line in advice)
+
+
+def test_saturated_cpu_points_at_lighter_decoding_that_the_run_does_not_use_yet():
+    busy = {"sys/cpu_util": 97.0, "sys/iowait": 0.0}
+    _, advice = diagnose(window(0.6), busy, GPU, DEFAULT_LOADER, {"decoder": "pil", "format": "folder"}, cores=16)
+    assert any("decoder=turbojpeg" in line for line in advice)
+    assert any("decoder=nvjpeg" in line for line in advice)
+    assert any("format=tensor" in line for line in advice)
+    _, advice = diagnose(window(0.6), busy, CPU, DEFAULT_LOADER, {"decoder": "turbojpeg", "format": "tensor"}, cores=2)
+    assert not any("decoder=" in line for line in advice) and any("Nothing is decoded" in line for line in advice)
+
+
+def test_disk_bound_points_at_staging_and_packing_unless_already_used():
+    disk = {"sys/cpu_util": 30.0, "sys/iowait": 40.0}
+    _, advice = diagnose(window(0.5), disk, GPU, DEFAULT_LOADER, {"staging": "none", "format": "folder"}, cores=16)
+    assert any("staging=tmpfs" in line for line in advice) and any("format=lmdb" in line for line in advice)
+    _, advice = diagnose(window(0.5), disk, GPU, DEFAULT_LOADER, {"staging": "tmpfs", "format": "lmdb"}, cores=16)
+    assert not any("staging=tmpfs" in line or "format=lmdb" in line for line in advice)
+
+
+def test_every_switch_the_advice_names_exists():
+    """Every group=option and key=value in any advice line is a real option file or config key."""
+    import re
+
+    from conftest import CONF
+    from omegaconf import OmegaConf
+
+    keys = OmegaConf.merge(OmegaConf.load(CONF / "train.yaml"), OmegaConf.load(CONF / "pack.yaml"))
+    cases = [(window(0.02), {"sys/gpu_util": 10.0}), (window(0.6), {"sys/cpu_util": 30.0}),
+             (window(0.6), {"sys/cpu_util": 97.0}), (window(0.6), {"sys/iowait": 50.0})]
+    lines = [line for frac, system in cases for device in (CPU, GPU)
+             for line in diagnose(frac, system, device, Loader(1, 2, False, False), {}, cores=8)[1]]
+    named = set(re.findall(r"\b([a-z_]+(?:\.[a-z_]+)?)=", " ".join(lines)))
+    assert {"decoder", "format", "staging", "prefetcher", "loader.num_workers"} <= named
+    for name in named:
+        group, _, key = name.partition(".")
+        if (CONF / group).is_dir() and not key:
+            options = {path.stem for path in (CONF / group).glob("*.yaml")}
+            chosen = re.findall(rf"\b{group}=([a-z_0-9]+)", " ".join(lines))
+            assert set(chosen) <= options, (group, set(chosen) - options)
+        else:
+            assert OmegaConf.select(keys, name, default="absent") != "absent" or (CONF / group).is_dir(), name

@@ -5,6 +5,7 @@ import shutil
 import sys
 
 import pytest
+from conftest import CONF
 
 HYDRA_OWN = {".hydra", "train.log"}
 STEPS_PER_EPOCH = 6  # 3 classes x 8 images, batch 4
@@ -54,6 +55,27 @@ def test_options_take_effect_through_the_loop(option, written, absent, tmp_path,
     assert not (run_dir / absent).exists()
 
 
+DATA_GROUPS = ("decoder", "format", "staging", "prefetcher")
+DATA_OPTIONS = sorted((path.parent.name, path.stem) for group in DATA_GROUPS for path in (CONF / group).glob("*.yaml"))
+ON_THE_CPU = {"decoder=nvjpeg": ["decoder.decode_device=cpu"], "decoder=dali": ["decoder.device=cpu"]}
+GPU_ONLY = {"prefetcher=cuda_stream": "overlaps copies on a CUDA stream"}
+OPTIONAL = {"decoder=turbojpeg": "simplejpeg", "decoder=dali": "nvidia.dali", "format=lmdb": "lmdb"}
+
+
+@pytest.mark.parametrize(("group", "option"), DATA_OPTIONS, ids=[f"{g}={o}" for g, o in DATA_OPTIONS])
+def test_every_data_option_trains_through_the_command_line(group, option, tmp_path, train_cli):
+    choice = f"{group}={option}"
+    if choice in GPU_ONLY:
+        pytest.skip(f"{choice} {GPU_ONLY[choice]}; this run is CPU-only")
+    if choice in OPTIONAL:
+        pytest.importorskip(OPTIONAL[choice], reason=f"{choice} needs its extra")
+    run_dir = tmp_path / "run"
+    train_cli(run_dir, choice, *ON_THE_CPU.get(choice, []), "loader.num_workers=1")
+    result = summary(run_dir)
+    assert result["choices"][group] == option and result["steps"] == STEPS_PER_EPOCH
+    assert result["images_per_s"] > 0 and 0 <= result["val_top1"] <= 100
+
+
 BAD_INPUT = {
     "optim.lr=abc": ["optim.lr=abc"],
     "train.epochs=two": ["train.epochs=two"],
@@ -62,6 +84,11 @@ BAD_INPUT = {
     "absent data.root": ["data=imagenet", "data.root=/no/such/imagenet"],
     "model.name=nosuchnet": ["model.name=nosuchnet"],
     "resume=missing": ["resume=/no/such/last.pt"],
+    "decoder=nvjpeg without a GPU": ["decoder=nvjpeg"],
+    "prefetcher=cuda_stream without a GPU": ["prefetcher=cuda_stream"],
+    "format.path missing": ["format=hdf5", "format.path=???"],
+    "format.path absent": ["format=lmdb", "format.path=/no/such/pack"],
+    "loader.num_workers=lots": ["loader.num_workers=lots"],
 }
 
 

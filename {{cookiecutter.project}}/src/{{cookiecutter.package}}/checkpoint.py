@@ -20,7 +20,7 @@ class WriteError(ClearError):
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """write(temporary path), then rename over `path`, which readers therefore see whole or not at all."""
-    temporary = path.with_name(f".{path.name}.partial")
+    temporary = path.with_name(f".{path.name}.partial-{os.getpid()}")  # ranks may race
     try:
         write(temporary)
         os.replace(temporary, path)

@@ -6,7 +6,6 @@ from typing import Any
 
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -28,13 +27,12 @@ def optional_import(module: str, extra: str) -> ModuleType:
 
 
 def build(node: DictConfig, **runtime: Any) -> Any:
-    """instantiate(node, **runtime), re-raising a ConfigError from inside the target as itself."""
-    try:
-        return instantiate(node, **runtime)
-    except InstantiationException as err:
-        if isinstance(err.__cause__, ConfigError):
-            raise err.__cause__ from None
-        raise
+    """The node's target called with its config values and the runtime objects.
+
+    The runtime objects are passed to the call, not through instantiate, which would turn a dataclass
+    such as World into a DictConfig; a ConfigError raised by the target reaches the caller as itself.
+    """
+    return instantiate(node, _partial_=True)(**runtime)
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -55,6 +53,9 @@ def _kind(default: Any) -> tuple[str, tuple[type, ...]] | None:
     return None
 
 
+AUTO_KEYS = {"loader.num_workers"}  # whole numbers that may also be measured at start-up
+
+
 def check(cfg: DictConfig) -> None:
     """Refuse a missing value, or an override whose type differs from the default of its key.
 
@@ -72,6 +73,8 @@ def check(cfg: DictConfig) -> None:
     for key, default in _leaves({k: v for k, v in plain.items() if k != "hydra"}):
         kind = _kind(default)
         value = OmegaConf.select(cfg, key)
+        if key in AUTO_KEYS and value == "auto":
+            continue
         if kind and value is not None and (isinstance(value, bool) != (bool in kind[1])
                                            or not isinstance(value, kind[1])):
             raise ConfigError(f"{key}={value!r} is not {kind[0]}, as its default {default!r} is")

@@ -25,9 +25,10 @@ class Loader:
 
 
 def diagnose(total: Window, system: dict[str, float], device: torch.device, loader: Loader,
-             cores: int | None = None) -> tuple[str, list[str]]:
-    """A one-sentence verdict and the switches that fit it, from the measured split and system load."""
+             choices: dict[str, str] | None = None, cores: int | None = None) -> tuple[str, list[str]]:
+    """A one-sentence verdict and the switches that fit it, from the measured split, system load and options."""
     cores = cores or os.cpu_count() or 1
+    choices = choices or {}
     waiting = f"{100 * total.data_frac:.0f}%"
     cpu, iowait = system.get("sys/cpu_util", 0.0), system.get("sys/iowait", 0.0)
     advice = []
@@ -44,12 +45,17 @@ def diagnose(total: Window, system: dict[str, float], device: torch.device, load
     strength = "the bottleneck" if total.data_frac >= DATA_BOUND else "a partial bottleneck"
     verdict = f"Data loading is {strength}: the {device.type} waited for data {waiting} of the time."
     if iowait >= IOWAIT_HIGH:
-        advice.append(f"The CPU is stalled on disk reads (iowait {iowait:.0f}%): put data.root on a local SSD or "
-                      "in RAM (/dev/shm), and raise loader.prefetch_factor=4 so reads overlap compute.")
+        advice.append(f"The CPU is stalled on disk reads (iowait {iowait:.0f}%): raise loader.prefetch_factor=4 "
+                      "so reads overlap compute.")
+        if choices.get("staging", "none") == "none":
+            advice.append("Copy the data into RAM once with staging=tmpfs, if it fits.")
+        if choices.get("format", "folder") == "folder":
+            advice.append("Turn millions of small reads into a few long ones: pack once with "
+                          "`python -m {{ cookiecutter.package }}.pack` and train with format=lmdb or format=hdf5.")
     elif cpu >= CPU_SATURATED:
         advice.append(f"The CPU is saturated ({cpu:.0f}% of {cores} cores): decoding and cropping are the limit, "
-                      "so more workers will not help; smaller inputs (data.crop_size, data.val_resize) or more "
-                      "cores per device will.")
+                      "so more workers will not help.")
+        advice.extend(_lighter_decoding(choices, device))
     else:
         if loader.num_workers < cores:
             advice.append(f"The CPU has headroom ({cpu:.0f}% of {cores} cores): raise "
@@ -60,7 +66,24 @@ def diagnose(total: Window, system: dict[str, float], device: torch.device, load
         advice.append("Workers restart every epoch: set loader.persistent_workers=true to keep them.")
     if device.type == "cuda" and not loader.pin_memory:
         advice.append("Host-to-GPU copies are from pageable memory: set loader.pin_memory=true.")
+    if device.type == "cuda" and choices.get("prefetcher", "none") == "none":
+        advice.append("Overlap each batch's copy with the previous step: prefetcher=cuda_stream.")
     return verdict, advice
+
+
+def _lighter_decoding(choices: dict[str, str], device: torch.device) -> list[str]:
+    """Ways to spend less CPU per image, given what the run already uses."""
+    if choices.get("format") == "tensor":
+        return ["Nothing is decoded any more (format=tensor): only more cores per device, or smaller crops "
+                "(data.crop_size), will help."]
+    advice = []
+    if choices.get("decoder", "pil") in ("pil", "torchvision"):
+        advice.append("Decode with libjpeg-turbo's DCT scaling: decoder=turbojpeg (or decoder=opencv).")
+    if device.type == "cuda" and choices.get("decoder") not in ("nvjpeg", "dali"):
+        advice.append("Move decoding to the GPU: decoder=nvjpeg or decoder=dali.")
+    advice.append("Decode once, offline: pack with `python -m {{ cookiecutter.package }}.pack format=tensor "
+                  "pack.short_side=256` and train with format=tensor.")
+    return advice
 
 
 def _version(package: str) -> str:

@@ -22,9 +22,10 @@ from tqdm import tqdm
 from . import checkpoint, distributed
 from .clock import Clock, Window
 from .config import ClearError, build, check
-from .data import OnDevice, make_loader
+from .data import make_loaders
 from .distributed import World
 from .logger import NullLogger
+from .prefetcher import NoPrefetcher
 from .profiler import NoProfiler
 from .report import Loader, diagnose, environment, format_report
 from .sysmon import SystemMonitor
@@ -39,8 +40,8 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     criterion: torch.nn.Module
-    train_loader: OnDevice
-    val_loader: OnDevice
+    train_loader: NoPrefetcher
+    val_loader: NoPrefetcher
     clock: Clock
     sysmon: SystemMonitor
     logger: NullLogger
@@ -76,9 +77,7 @@ class Run:
 def make_run(cfg: DictConfig, run_dir: Path, world: World):
     """Build data, model and helpers; everything that can refuse the config does so before any file is written."""
     device = world.device
-    splits = build(cfg.data)
-    loaders = [OnDevice(make_loader(dataset, cfg.train.batch_size, train, cfg.seed, world, **cfg.loader), device)
-               for dataset, train in ((splits.train, True), (splits.val, False))]
+    *loaders, splits, num_workers = make_loaders(cfg, world)
     model = world.wrap(build(cfg.model, data_classes=len(splits.classes)).to(device))
     optimizer = build(cfg.optim, model=model)
     steps_per_epoch = len(loaders[0])
@@ -102,7 +101,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     log.info("%s on %s (%d process%s): %d classes, %d train / %d val images, %d steps per epoch per process",
              cfg.model.name, device, world.size, "es" if world.size > 1 else "", len(splits.classes),
              len(splits.train), len(splits.val), steps_per_epoch)
-    return run, splits
+    return run, splits, num_workers
 
 
 def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
@@ -169,15 +168,15 @@ def evaluate(run: Run) -> tuple[float, float]:
     return top1, top5
 
 
-def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, skipped_files: int) -> dict:
+def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, skipped_files: int, num_workers: int) -> dict:
     """The whole run's split, skipping the first window (worker start-up, allocator warm-up) when there are more."""
     measured = run.windows[1:] or run.windows
     total = sum((window for window, _ in measured), Window())
     system = {tag: float(np.mean([values[tag] for _, values in measured])) for tag in measured[0][1]} if measured else {}
-    verdict, advice = diagnose(total, system, run.device, Loader(**{key: cfg.loader[key] for key in (
-        "num_workers", "prefetch_factor", "pin_memory", "persistent_workers")}))
     choices = {group: option for group, option in HydraConfig.get().runtime.choices.items()
                if not group.startswith("hydra")}
+    verdict, advice = diagnose(total, system, run.device, Loader(num_workers, **{key: cfg.loader[key] for key in (
+        "prefetch_factor", "pin_memory", "persistent_workers")}), choices)
     return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "compute_ms": total.compute_ms,
             "data_frac": total.data_frac, "verdict": verdict, "advice": advice, "val_top1": top1, "val_top5": top5,
             "steps": run.step, "skipped_files": skipped_files, "choices": choices, "system": system,
@@ -189,7 +188,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    run, splits = make_run(cfg, run_dir, world)
+    run, splits, num_workers = make_run(cfg, run_dir, world)
     scores = None
     with run.profiler:
         while run.epoch < cfg.train.epochs and not run.out_of_steps:
@@ -199,7 +198,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
             run.checkpoints.save(run.state())
     top1, top5 = scores or evaluate(run)  # a resumed run that had nothing left still reports its accuracy
     run.logger.close()
-    summary = summarize(run, cfg, top1, top5, splits.skipped_files(world))
+    summary = summarize(run, cfg, top1, top5, splits.skipped_files(world), num_workers)
     if world.is_main:
         checkpoint.write_atomic(run_dir / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
         log.info("%s\nsummary: %s", format_report(summary), run_dir / "summary.json")

@@ -1,0 +1,172 @@
+"""Loader-only throughput for any set of decoder, format and worker-count choices, with two references.
+
+    python -m {{ cookiecutter.package }}.bench                                     # the synthetic set
+    python -m {{ cookiecutter.package }}.bench data=imagenet data.root=/data/imagenet-subset bench.num_workers=[4,8]
+
+Rows measure the DataLoader alone: 224-pixel random-resized-crop and flip, uint8 batches in host memory
+(the float conversion happens later, on the device), timed over whole epochs after a warm-up epoch.
+The references, on the same files and worker count:
+- ceiling: the fastest CPU decoder's single-process full-decode rate, times the cores in use;
+- baseline: pytorch/examples' recipe, ImageFolder + PIL + RandomResizedCrop + ToTensor + Normalize in float32.
+Writes bench.csv and bench.png into the run folder.
+"""
+import csv
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import psutil
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+
+from . import decoder as decoders
+from .config import ClearError, ConfigError, build, optional_import
+from .data import Source, make_splits, seed_worker
+from .distributed import World
+from .format import Stores
+from .format.folder import open_tree
+from .pack import pack
+from .staging import no_staging
+
+log = logging.getLogger(__name__)
+
+ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
+COLUMNS = ("decoder", "format", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling", "page_cache", "note")
+
+
+def time_epochs(loader, epochs: int) -> float:
+    """Images per second over `epochs` whole passes, after one untimed pass."""
+    for _ in loader:
+        pass
+    start, images = time.perf_counter(), 0
+    for _ in range(epochs):
+        for batch in loader:
+            images += len(batch[1])
+    return images / (time.perf_counter() - start)
+
+
+def loader_for(dataset, batch_size: int, num_workers: int, collate=None) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=num_workers,
+                      persistent_workers=num_workers > 0, collate_fn=collate, worker_init_fn=seed_worker,
+                      prefetch_factor=2 if num_workers else None)
+
+
+def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: int) -> float:
+    """pytorch/examples imagenet's training loader, as its users run it."""
+    from torchvision import datasets, transforms
+
+    recipe = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
+                                 transforms.ToTensor(),
+                                 transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+    dataset = datasets.ImageFolder(str(root / "train"), recipe)
+    return time_epochs(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
+                                  num_workers=num_workers, persistent_workers=num_workers > 0), epochs)
+
+
+def decode_only(root: Path, names: list[str]) -> tuple[str, float]:
+    """The fastest decoder's full-size decode rate in this process, files already in memory."""
+    train, _, _ = open_tree(root)
+    files = [train.payload(index) for index in range(min(len(train), 300))]
+    rates = {}
+    for name in names:
+        decoder = getattr(decoders, name)()
+        decoder.decode(files[0], 1)
+        start = time.perf_counter()
+        for data in files:
+            decoder.decode(data, 1)
+        rates[name] = len(files) / (time.perf_counter() - start)
+    fastest = max(rates, key=rates.get)
+    log.info("decode-only, one process: %s", ", ".join(f"{name} {rate:.0f}/s" for name, rate in rates.items()))
+    return fastest, rates[fastest]
+
+
+def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> Stores:
+    """The training split in `format`, packed from the source tree on first use."""
+    node = {"_target_": f"{__package__}.format.{format}.build"}
+    if format != "folder":
+        node["path"] = str(pack_dir / f"{source.root.name}-{format}")
+        if not Path(node["path"]).exists():
+            pack(source.root, format, Path(node["path"]), short_side if format == "tensor" else None, 90,
+                 os.cpu_count() or 1, False, "skip")
+    return build(OmegaConf.create(node), source=source, stage=no_staging)
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    pyplot = optional_import("matplotlib.pyplot", "bench")
+    labels = [f"{row['decoder']}\n{row['format']}\nw={row['num_workers']}" for row in rows]
+    figure, axes = pyplot.subplots(figsize=(max(6, len(rows) * 0.9), 4))
+    axes.bar(labels, [row["images_per_s"] for row in rows],
+             color=["grey" if row["decoder"] in ("baseline", "ceiling") else "tab:blue" for row in rows])
+    axes.set_ylabel("images/s (loader only)")
+    axes.tick_params(axis="x", labelsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
+    source = build(cfg.data)
+    if source.root is None:
+        raise ConfigError("pass data.root=/path/to/tree (train/ and val/), or use data=synthetic")
+    settings = cfg.bench
+    cpu_decoders = [name for name in settings.decoders if name not in ("nvjpeg", "dali")]
+    data_mb = sum(path.stat().st_size for path in (source.root / "train").rglob("*") if path.is_file()) / 1e6
+    cache = f"warm: read once in warm-up; {data_mb:.0f} MB vs {psutil.virtual_memory().available / 1e9:.0f} GB free RAM"
+    fastest, decode_rate = decode_only(source.root, cpu_decoders or ["pil"])
+    rows = []
+    for workers in settings.num_workers:
+        cores = max(1, min(workers, os.cpu_count() or 1))
+        reference = [
+            {"decoder": "ceiling", "format": "memory", "num_workers": workers, "images_per_s": decode_rate * cores,
+             "note": f"{fastest} full decode, 1 process x {cores} cores"},
+            {"decoder": "baseline", "format": "folder", "num_workers": workers,
+             "images_per_s": baseline(source.root, source.crop_size, settings.batch_size, workers,
+                                      settings.timed_epochs), "note": "ImageFolder+PIL+ToTensor+Normalize fp32"}]
+        rows += reference
+        for format in settings.formats:
+            stores = stores_for(format, source, Path(settings.pack_dir).expanduser(), settings.short_side)
+            for name in (["none"] if stores.train.decoded else cpu_decoders):
+                splits = make_splits(source, stores, getattr(decoders, "pil" if name == "none" else name)())
+                loader = loader_for(splits.train, settings.batch_size, workers, splits.decoder.collate)
+                rate = time_epochs(loader, settings.timed_epochs)
+                rows.append({"decoder": name, "format": format, "num_workers": workers, "images_per_s": rate,
+                             "note": "pre-decoded pixels" if name == "none" else ""})
+                log.info("%s / %s / %d workers: %.0f images/s", name, format, workers, rate)
+        for row in rows:
+            if row["num_workers"] == workers:
+                row["vs_baseline"] = row["images_per_s"] / reference[1]["images_per_s"]
+                row["vs_ceiling"] = row["images_per_s"] / reference[0]["images_per_s"]
+                row["page_cache"] = cache
+    with (run_dir / "bench.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, COLUMNS)
+        writer.writeheader()
+        writer.writerows({**row, "images_per_s": round(row["images_per_s"], 1), "vs_baseline":
+                          round(row["vs_baseline"], 2), "vs_ceiling": round(row["vs_ceiling"], 2)} for row in rows)
+    chart(rows, run_dir / "bench.png")
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'decoder':<12}{'format':<8}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}"]
+    lines += [f"{row['decoder']:<12}{row['format']:<8}{row['num_workers']:>8}{row['images_per_s']:>10.0f}"
+              f"{row['vs_baseline']:>11.2f}{row['vs_ceiling']:>10.2f}" for row in rows]
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="bench")
+def main(cfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        rows = bench(cfg, run_dir)
+    except ClearError as err:
+        sys.exit(f"error: {err}")
+    log.info("%s\npage cache: %s\nwritten: %s, %s (%d cores)", table(rows), rows[0]["page_cache"],
+             run_dir / "bench.csv", run_dir / "bench.png", os.cpu_count())
+
+
+if __name__ == "__main__":
+    main()

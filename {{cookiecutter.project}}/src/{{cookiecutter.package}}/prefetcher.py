@@ -1,0 +1,124 @@
+"""How batches reach the device: `prefetcher=none|thread|cuda_stream`.
+
+Each wraps the DataLoader, keeps its len and sampler, and yields (normalised images, labels) on the device.
+- `none`: copy and normalise in the training thread, just before the step.
+- `thread`: a background thread keeps `depth` batches copied and normalised ahead (pick when the host
+  side of a batch, collation and the copy, shows up as data time).
+- `cuda_stream`: the copy and normalisation of batch i+1 run on a side CUDA stream while batch i computes.
+"""
+import queue
+import threading
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from .config import ConfigError
+
+ToDevice = Callable[[object], tuple[torch.Tensor, torch.Tensor]]
+
+
+class NoPrefetcher:
+    def __init__(self, loader: DataLoader, to_device: ToDevice):
+        self.loader, self.to_device = loader, to_device
+        self.sampler = loader.sampler
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Shuffle the training order for this epoch."""
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for batch in self.loader:
+            yield self.to_device(batch)
+
+
+class _Raised:
+    """An exception from the background thread, re-raised in the training thread."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class ThreadPrefetcher(NoPrefetcher):
+    """A bounded queue of ready batches filled by a background thread, in the spirit of BackgroundGenerator."""
+
+    def __init__(self, loader: DataLoader, to_device: ToDevice, depth: int):
+        super().__init__(loader, to_device)
+        self.depth = depth
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        ready, stop = queue.Queue(self.depth), threading.Event()
+        done = object()
+
+        def fill() -> None:
+            try:
+                for batch in self.loader:
+                    item = self.to_device(batch)
+                    while not stop.is_set():
+                        try:
+                            ready.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                ready.put(done)
+            except BaseException as error:  # noqa: BLE001 - handed to the training thread as it is
+                ready.put(_Raised(error))
+
+        thread = threading.Thread(target=fill, daemon=True, name="prefetcher")
+        thread.start()
+        try:
+            while (item := ready.get()) is not done:
+                if isinstance(item, _Raised):
+                    raise item.error
+                yield item
+        finally:
+            stop.set()  # a consumer that stops early (max_steps, limit_val_batches) frees the thread
+            thread.join()
+
+
+class CudaStreamPrefetcher(NoPrefetcher):
+    """Apex's data_prefetcher: batch i+1 is copied and normalised on a side stream while batch i computes."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        stream = torch.cuda.Stream()
+        batches = iter(self.loader)
+
+        def preload():
+            batch = next(batches, None)
+            if batch is None:
+                return None
+            with torch.cuda.stream(stream):
+                return self.to_device(batch)
+
+        upcoming = preload()
+        while upcoming is not None:
+            torch.cuda.current_stream().wait_stream(stream)
+            images, labels = upcoming
+            # Made on the side stream, used on the main one: tell the caching allocator not to reuse
+            # their memory until the main stream's work on them is done.
+            images.record_stream(torch.cuda.current_stream())
+            labels.record_stream(torch.cuda.current_stream())
+            upcoming = preload()
+            yield images, labels
+
+
+def none(loader: DataLoader, to_device: ToDevice) -> NoPrefetcher:
+    return NoPrefetcher(loader, to_device)
+
+
+def thread(loader: DataLoader, to_device: ToDevice, depth: int) -> NoPrefetcher:
+    if depth < 1:
+        raise ConfigError(f"prefetcher.depth={depth}: keep at least 1 batch ready")
+    return ThreadPrefetcher(loader, to_device, depth)
+
+
+def cuda_stream(loader: DataLoader, to_device: ToDevice) -> NoPrefetcher:
+    if not torch.cuda.is_available():
+        raise ConfigError("prefetcher=cuda_stream overlaps copies on a CUDA stream and this run has no GPU: "
+                          "pick prefetcher=thread")
+    return CudaStreamPrefetcher(loader, to_device)

@@ -1,0 +1,76 @@
+"""`loader.num_workers=auto`: time a short sweep of worker counts once per machine and data set, keep the fastest."""
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+from .checkpoint import write_atomic
+from .config import ConfigError
+from .distributed import World
+
+log = logging.getLogger(__name__)
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "{{ cookiecutter.package }}" / "num_workers.json"
+WARMUP_BATCHES = 2  # worker start-up and first file reads, not counted
+TIMED_BATCHES = 8
+CLOSE_ENOUGH = 0.05  # a smaller count within 5% of the fastest wins: fewer processes, less memory
+
+
+def cores_per_process() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+
+
+def candidates(cores: int) -> list[int]:
+    """1, 2, 4, ... up to the cores this process may use, and that count itself."""
+    counts, count = {cores}, 1
+    while count < cores:
+        counts.add(count)
+        count *= 2
+    return sorted(counts)
+
+
+def images_per_s(loader, batch_size: int) -> float:
+    batches = iter(loader)
+    for _ in range(WARMUP_BATCHES):
+        next(batches)
+    start, timed = time.perf_counter(), 0
+    for timed, _ in enumerate(batches, start=1):
+        if timed == TIMED_BATCHES:
+            break
+    return timed * batch_size / (time.perf_counter() - start)
+
+
+def pick_num_workers(settings: dict, dataset, batch_size: int, world: World, seed: int) -> int:
+    """The worker count to use: as given, or for `auto` the fastest of a measured sweep (cached)."""
+    from .data import make_loader
+
+    value = settings["num_workers"]
+    if value != "auto":
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"loader.num_workers={value!r}: pass a count (0 = load in the training process) or auto")
+        return value
+    cores = cores_per_process()
+    key = f"{platform.node()}|{cores} cores|{dataset.store.name(0)}|{len(dataset)}|{type(dataset.transform).__name__}" \
+          f"|{getattr(dataset.transform, 'size', '')}|batch {batch_size}"
+    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
+    if key in cache:
+        log.info("loader.num_workers=auto: %d (measured before, cached in %s)", cache[key], CACHE)
+        return cache[key]
+    if len(dataset) < (WARMUP_BATCHES + TIMED_BATCHES) * batch_size:
+        raise ConfigError(f"loader.num_workers=auto times {WARMUP_BATCHES + TIMED_BATCHES} batches and the training "
+                          f"set has {len(dataset) // batch_size}: pass a count")
+    rates = {}
+    for count in candidates(cores):
+        loader = make_loader(dataset, batch_size, True, seed, world, **{**settings, "num_workers": count,
+                                                                         "persistent_workers": False})
+        rates[count] = images_per_s(loader, batch_size)
+    best = max(rates.values())
+    chosen = min(count for count, rate in rates.items() if rate >= (1 - CLOSE_ENOUGH) * best)
+    log.info("loader.num_workers=auto: %s images/s by worker count; using %d",
+             ", ".join(f"{count}: {rate:.0f}" for count, rate in rates.items()), chosen)
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(CACHE, lambda path: path.write_text(json.dumps({**cache, key: chosen}, indent=1)))
+    return chosen

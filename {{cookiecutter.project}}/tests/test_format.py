@@ -1,0 +1,147 @@
+"""Packed formats: a tiny tree packed, read back with the same labels and pixels; bad packs refused clearly."""
+import importlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import CONF, CPU_ONLY, PACKAGE, PROJECT, TENSOR_SHORT_SIDE
+from PIL import Image
+
+from {{ cookiecutter.package }}.config import ClearError, ConfigError
+from {{ cookiecutter.package }}.data import imagenet
+from {{ cookiecutter.package }}.format import META, folder
+from {{ cookiecutter.package }}.pack import decode_resized, pack
+from {{ cookiecutter.package }}.staging import no_staging
+
+PACKED = sorted(path.stem for path in (CONF / "format").glob("*.yaml") if path.stem != "folder")
+
+
+def open_pack(format: str, path):
+    module = importlib.import_module(f"{{ cookiecutter.package }}.format.{format}")
+    return module.build(str(path), source=None, stage=no_staging)
+
+
+def original(tiny_root):
+    source = imagenet(str(tiny_root), 32, 36, "raise")
+    return folder.build(source, no_staging)
+
+
+@pytest.mark.parametrize("format", PACKED)
+def test_round_trip_keeps_labels_classes_and_pixels(format, packs, tiny_root):
+    expected, packed = original(tiny_root), open_pack(format, packs[format])
+    assert packed.classes == expected.classes
+    for split in ("train", "val"):
+        source, store = getattr(expected, split), getattr(packed, split)
+        assert store.labels.tolist() == source.labels.tolist()
+        for index in range(len(source)):
+            if store.decoded:  # pixels resized once at pack time, compared with an independent decode
+                reference = np.asarray(Image.open(source.paths[index]).convert("RGB"))
+                height, width = reference.shape[:2]
+                pixels = store.read(index)
+                assert min(pixels.shape[:2]) == TENSOR_SHORT_SIDE
+                assert abs(pixels.shape[1] / pixels.shape[0] - width / height) < 0.05
+                resized = np.asarray(Image.fromarray(reference).resize(pixels.shape[1::-1], Image.BOX))
+                assert np.abs(pixels.astype(int) - resized).mean() < 6  # heavy texture, 10x smaller
+            else:  # the encoded formats keep each file's bytes as they were
+                assert store.read(index) == source.paths[index].read_bytes()
+
+
+@pytest.mark.parametrize("format", ["hdf5", "lmdb"])
+def test_resized_encoded_pack_stays_within_jpeg_tolerance(format, tiny_root, tmp_path):
+    report = pack(tiny_root, format, tmp_path / "out", 48, 90, 1, False, "raise")
+    store, source = open_pack(format, tmp_path / "out").val, original(tiny_root).val
+    assert report["images"] == 36 and report["skipped"] == 0 and report["images_per_s"] > 0
+    for index in range(len(source)):
+        pixels = np.asarray(Image.open(io.BytesIO(store.read(index))).convert("RGB"))
+        reference = decode_resized(source.paths[index].read_bytes(), 48)
+        assert pixels.shape == reference.shape and np.abs(pixels.astype(int) - reference).mean() < 5
+
+
+@pytest.mark.parametrize("format", PACKED)
+def test_truncated_pack_is_refused_before_training(format, packs, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(packs[format], copy)
+    split = json.loads((copy / META).read_text())["splits"]["train"]["file"]
+    data = (copy / split).read_bytes()
+    (copy / split).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ConfigError, match="truncated or replaced"):
+        open_pack(format, copy)
+
+
+@pytest.mark.parametrize("format", PACKED)
+def test_foreign_files_are_refused(format, packs, tiny_root, tmp_path):
+    with pytest.raises(ConfigError, match="not a packed data set"):
+        open_pack(format, tiny_root)
+    other = next(name for name in PACKED if name != format)
+    with pytest.raises(ConfigError, match=f"holds format={other}, not format={format}"):
+        open_pack(format, packs[other])
+    # The right names and sizes, the wrong contents: a stranger's file copied over ours.
+    copy = tmp_path / "copy"
+    shutil.copytree(packs[format], copy)
+    for split in json.loads((copy / META).read_text())["splits"].values():
+        size = (copy / split["file"]).stat().st_size
+        (copy / split["file"]).write_bytes(np.random.default_rng(0).bytes(size))
+    for index in copy.glob("*.index.npy"):
+        index.write_bytes(b"not numpy")
+    with pytest.raises(ConfigError, match="not a readable"):
+        open_pack(format, copy)
+
+
+@pytest.mark.parametrize("format", PACKED)
+def test_failed_or_interrupted_pack_leaves_nothing_that_looks_valid(format, tiny_root, tmp_path, monkeypatch):
+    module = importlib.import_module(f"{{ cookiecutter.package }}.format.{format}")
+    real_write = module.write
+
+    def write_then_fail(path, records, error):
+        def some_then_fail():
+            for count, record in enumerate(records):
+                if count == 5:
+                    raise error
+                yield record
+
+        real_write(path, some_then_fail())
+
+    for error in (OSError(28, "No space left on device"), KeyboardInterrupt()):
+        monkeypatch.setattr(module, "write", lambda path, records: write_then_fail(path, records, error))
+        with pytest.raises(ClearError if isinstance(error, OSError) else KeyboardInterrupt):
+            pack(tiny_root, format, tmp_path / "out", TENSOR_SHORT_SIDE, 90, 1, False, "raise")
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_pack_refuses_what_it_cannot_do(tiny_root, tmp_path, tree_with_bad_files):
+    with pytest.raises(ConfigError, match="pack.short_side"):
+        pack(tiny_root, "tensor", tmp_path / "t", None, 90, 1, False, "raise")
+    with pytest.raises(ConfigError, match="cannot be packed"):
+        pack(tiny_root, "folder", tmp_path / "f", None, 90, 1, False, "raise")
+    (tmp_path / "exists").mkdir()
+    with pytest.raises(ConfigError, match="pack.overwrite=true"):
+        pack(tiny_root, "hdf5", tmp_path / "exists", None, 90, 1, False, "raise")
+    with pytest.raises(ConfigError, match="unreadable image .*(zero|truncated|text).JPEG"):
+        pack(tree_with_bad_files, "lmdb", tmp_path / "bad", None, 90, 1, False, "raise")
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("short_side", [None, 48])
+def test_pack_leaves_out_unreadable_files_and_says_so(short_side, tree_with_bad_files, tmp_path):
+    report = pack(tree_with_bad_files, "hdf5", tmp_path / "out", short_side, 90, 2, False, "skip")
+    assert report["skipped"] == 3 and report["images"] == 16
+    assert len(open_pack("hdf5", tmp_path / "out").train) == 8
+
+
+def test_pack_command_line_reports_once_and_refuses_to_overwrite(tiny_root, tmp_path):
+    command = [sys.executable, "-m", f"{PACKAGE}.pack", f"data.root={tiny_root}", "format=lmdb",
+               f"pack.out={tmp_path / 'lmdb'}", f"hydra.run.dir={tmp_path / 'log'}"]
+
+    def run():
+        return subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **CPU_ONLY})
+
+    first, again = run(), run()
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "packed 36 images (0 left out as unreadable)" in first.stdout and "images/s" in first.stdout
+    assert again.returncode == 1 and again.stderr.strip().splitlines()[-1].startswith("error: pack.out=")

@@ -1,0 +1,88 @@
+"""Prefetchers hand over the same batches as the plain loader, keep its length and sampler, and stop cleanly."""
+import threading
+
+import pytest
+import torch
+from conftest import CONF
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from {{ cookiecutter.package }}.config import ConfigError
+from {{ cookiecutter.package }}.data import ToDevice
+from {{ cookiecutter.package }}.decoder import pil
+from {{ cookiecutter.package }}.prefetcher import cuda_stream, none, thread
+
+CPU = torch.device("cpu")
+PREFETCHERS = sorted(path.stem for path in (CONF / "prefetcher").glob("*.yaml"))
+MAKERS = {"none": none, "thread": lambda loader, to_device: thread(loader, to_device, depth=2),
+          "cuda_stream": cuda_stream}
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def uint8_batches() -> DataLoader:
+    images = torch.randint(0, 256, (10, 4, 4, 3), dtype=torch.uint8)  # NHWC, as workers deliver them
+    return DataLoader(TensorDataset(images, torch.arange(10)), batch_size=3)
+
+
+def device_for(name: str) -> torch.device:
+    return torch.device("cuda") if name == "cuda_stream" else CPU
+
+
+def test_every_prefetcher_has_a_maker():
+    assert set(PREFETCHERS) == set(MAKERS)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=gpu) if n == "cuda_stream" else n for n in PREFETCHERS])
+def test_yields_exactly_the_plain_batches(name):
+    loader = uint8_batches()
+    to_device = ToDevice(pil(), device_for(name), non_blocking=True)
+    expected = [to_device(batch) for batch in loader]
+    prefetched = MAKERS[name](loader, to_device)
+    assert len(prefetched) == len(loader) == 4
+    for _ in range(2):  # a second epoch starts over
+        got = list(prefetched)
+        assert len(got) == len(expected)
+        for (images, labels), (want_images, want_labels) in zip(got, expected):
+            assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+
+
+def test_thread_prefetcher_runs_ahead_in_the_background():
+    seen = []
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, index):
+            seen.append(threading.current_thread().name)
+            return torch.zeros(2, 2, 3, dtype=torch.uint8), index
+
+    batches = thread(DataLoader(Slow(), batch_size=2), ToDevice(pil(), CPU, False), depth=2)
+    assert [labels.tolist() for _, labels in batches] == [[0, 1], [2, 3], [4, 5]]
+    assert set(seen) == {"prefetcher"}
+
+
+def test_thread_prefetcher_hands_errors_over_and_stops_when_left_early():
+    class Broken(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            if index == 2:
+                raise ValueError("bad sample 2")
+            return torch.zeros(2, 2, 3, dtype=torch.uint8), index
+
+    batches = thread(DataLoader(Broken(), batch_size=1), ToDevice(pil(), CPU, False), depth=1)
+    with pytest.raises(ValueError, match="bad sample 2"):
+        list(batches)
+    before = threading.active_count()
+    for _ in zip(range(1), thread(uint8_batches(), ToDevice(pil(), CPU, False), depth=1)):
+        pass  # leaving after one batch must not leave a thread blocked on a full queue
+    assert threading.active_count() == before
+
+
+def test_cuda_stream_is_refused_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="prefetcher=cuda_stream .* no GPU: pick prefetcher=thread"):
+        cuda_stream(uint8_batches(), ToDevice(pil(), CPU, False))
+    with pytest.raises(ConfigError, match="prefetcher.depth=0"):
+        thread(uint8_batches(), ToDevice(pil(), CPU, False), depth=0)
