@@ -1,6 +1,6 @@
 """Loader-only throughput for any set of decoder, format and worker-count choices, with two references.
 
-    python -m {{ cookiecutter.package }}.bench                                     # the synthetic set
+    python -m {{ cookiecutter.package }}.bench data.train_per_class=200            # 2000 synthetic JPEGs
     python -m {{ cookiecutter.package }}.bench data=imagenet data.root=/data/imagenet-subset bench.num_workers=[4,8]
 
 Rows measure the DataLoader alone: 224-pixel random-resized-crop and flip, uint8 batches in host memory

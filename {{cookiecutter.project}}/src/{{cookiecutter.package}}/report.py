@@ -77,7 +77,7 @@ def _lighter_decoding(choices: dict[str, str], device: torch.device) -> list[str
         return ["Nothing is decoded any more (format=tensor): only more cores per device, or smaller crops "
                 "(data.crop_size), will help."]
     advice = []
-    if choices.get("decoder", "pil") in ("pil", "torchvision"):
+    if choices.get("decoder", "turbojpeg") in ("pil", "torchvision"):
         advice.append("Decode with libjpeg-turbo's DCT scaling: decoder=turbojpeg (or decoder=opencv).")
     if device.type == "cuda" and choices.get("decoder") not in ("nvjpeg", "dali"):
         advice.append("Move decoding to the GPU: decoder=nvjpeg or decoder=dali.")
@@ -96,7 +96,8 @@ def _version(package: str) -> str:
 def environment(device: torch.device) -> dict[str, str]:
     """Library versions and hardware, so a figure can be traced to where it was measured."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    libraries = ("torch", "torchvision", "hydra-core", "omegaconf", "numpy", "pillow", "opencv-python-headless")
+    libraries = ("torch", "torchvision", "hydra-core", "omegaconf", "numpy", "pillow", "opencv-python-headless",
+                 "simplejpeg", "h5py", "lmdb", "nvidia-dali-cuda130")
     return {"python": platform.python_version(), **{lib: _version(lib) for lib in libraries},
             "device": f"{device.type}: {name}", "cpu_cores": str(os.cpu_count())}
 
