@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError, optional_import
-from .decoder import CpuDecoder, NvjpegDecoder
+from .decoder import Decoder, NvjpegDecoder
 
 
 class DaliDecoder(NvjpegDecoder):
@@ -67,5 +67,5 @@ class DaliDecoder(NvjpegDecoder):
         return list(batch)
 
 
-def dali(size: int, batch_size: int, threads: int, device: str) -> CpuDecoder:
+def dali(size: int, batch_size: int, threads: int, device: str) -> Decoder:
     return DaliDecoder(size, batch_size, threads, device)

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from . import synth
 from .config import ConfigError, build
-from .decoder import UNREADABLE, Box, CpuDecoder, Decoded
+from .decoder import UNREADABLE, Box, Decoder, Decoded
 from .distributed import Shard, World
 from .format import Store, Stores
 
@@ -137,7 +137,7 @@ class Splits:
     train: Images
     val: Images
     classes: list[str]
-    decoder: CpuDecoder
+    decoder: Decoder
 
     def skipped_files(self, world: World) -> int:
         """Images found unreadable by any worker of any process, each counted once."""
@@ -145,7 +145,7 @@ class Splits:
         return int(world.sum(flags).count_nonzero())
 
 
-def make_splits(source: Source, stores: Stores, decoder: CpuDecoder) -> Splits:
+def make_splits(source: Source, stores: Stores, decoder: Decoder) -> Splits:
     """Training and validation data sets: random crops for one, the deterministic centre crop for the other."""
     if stores.train.decoded:
         log.info("format=tensor holds decoded pixels: the decoder option is not used")
@@ -187,7 +187,7 @@ def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: i
 class ToDevice:
     """A collated batch -> (normalised float images, labels) on the device; prefetchers choose when and where."""
 
-    def __init__(self, decoder: CpuDecoder, device: torch.device, non_blocking: bool):
+    def __init__(self, decoder: Decoder, device: torch.device, non_blocking: bool):
         self.decoder, self.device, self.non_blocking = decoder, device, non_blocking
         self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
         self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1)

@@ -50,7 +50,7 @@ def resize_box(image: np.ndarray, box: Box, size: int, flip: bool) -> torch.Tens
 class DecodeCrop:
     """What a CPU decoder's worker does to one image: read its size, pick the crop, decode just enough."""
 
-    def __init__(self, decoder: "CpuDecoder", crop: Crop, size: int):
+    def __init__(self, decoder: "Decoder", crop: Crop, size: int):
         self.decoder, self.crop, self.size = decoder, crop, size
 
     def __call__(self, data) -> torch.Tensor:
@@ -62,8 +62,11 @@ class DecodeCrop:
         return resize_box(image, (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy), self.size, flip)
 
 
-class CpuDecoder:
-    """The contract every decoder keeps; CPU decoders only define `size` and `decode`."""
+class Decoder:
+    """The contract every decoder keeps: a worker transform, a collate and an upload to the device.
+
+    CPU decoders only define `size` and `decode`; GPU decoders replace the transform and the upload.
+    """
 
     def size(self, data: bytes) -> tuple[int, int]:
         return pil_size(data)
@@ -92,7 +95,7 @@ def _scale(shrink: float) -> int:
     return max((d for d in (1, 2, 4, 8) if d <= shrink), default=1)
 
 
-class PilDecoder(CpuDecoder):
+class PilDecoder(Decoder):
     """Pillow, with `draft` for DCT-domain downscaling."""
 
     def decode(self, data: bytes, shrink: float) -> np.ndarray:
@@ -102,7 +105,7 @@ class PilDecoder(CpuDecoder):
         return np.asarray(image.convert("RGB"))
 
 
-class OpenCvDecoder(CpuDecoder):
+class OpenCvDecoder(Decoder):
     """cv2.imdecode with IMREAD_REDUCED_* flags; one OpenCV thread per worker so workers do not oversubscribe."""
 
     REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
@@ -112,12 +115,12 @@ class OpenCvDecoder(CpuDecoder):
         cv2.setNumThreads(0)  # inherited by forked workers; spawned ones set it again in seed_worker
 
     def decode(self, data: bytes, shrink: float) -> np.ndarray:
+        if _is_cmyk_jpeg(data):  # OpenCV reads Adobe's inverted CMYK the other way round from Pillow
+            return PilDecoder().decode(data, shrink)
         flags = self.REDUCED[_scale(shrink)] | cv2.IMREAD_IGNORE_ORIENTATION
         image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
         if image is None:
             raise ValueError("OpenCV cannot decode it")
-        if _is_cmyk_jpeg(data):  # OpenCV reads Adobe's inverted CMYK the other way round from Pillow
-            return PilDecoder().decode(data, shrink)
         return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
 
@@ -125,7 +128,7 @@ def _is_cmyk_jpeg(data: bytes) -> bool:
     return data[:2] == b"\xff\xd8" and Image.open(io.BytesIO(data)).mode == "CMYK"
 
 
-class TurboJpegDecoder(CpuDecoder):
+class TurboJpegDecoder(Decoder):
     """libjpeg-turbo through simplejpeg, with DCT scaling (min_width/min_height). Needs `.[turbojpeg]`.
 
     simplejpeg reads baseline and progressive YCbCr or grayscale JPEGs; anything else (PNG under a
@@ -154,7 +157,7 @@ class TurboJpegDecoder(CpuDecoder):
                                            min_height=math.ceil(height / scale))
 
 
-class TorchvisionDecoder(CpuDecoder):
+class TorchvisionDecoder(Decoder):
     """torchvision.io.decode_image on the CPU (full-size decode: it has no DCT scaling)."""
 
     def decode(self, data: bytes, shrink: float) -> np.ndarray:
@@ -178,7 +181,7 @@ class EncodedCrop:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8), torch.tensor(pixel_box(box, width, height)), flip
 
 
-class NvjpegDecoder(CpuDecoder):
+class NvjpegDecoder(Decoder):
     """Batches of JPEG bytes decoded on the GPU by torchvision.io.decode_jpeg(device="cuda"), cropped there too.
 
     The files nvJPEG cannot take (PNG under a .JPEG name, CMYK) are decoded by Pillow in the worker
@@ -233,7 +236,7 @@ class NvjpegItem:
         return self.encoded(data)
 
 
-class Decoded(CpuDecoder):
+class Decoded(Decoder):
     """For formats that store pixels (format=tensor): nothing to decode, only the crop."""
 
     def size(self, data: np.ndarray) -> tuple[int, int]:
@@ -243,21 +246,21 @@ class Decoded(CpuDecoder):
         return data
 
 
-def pil() -> CpuDecoder:
+def pil() -> Decoder:
     return PilDecoder()
 
 
-def opencv() -> CpuDecoder:
+def opencv() -> Decoder:
     return OpenCvDecoder()
 
 
-def turbojpeg() -> CpuDecoder:
+def turbojpeg() -> Decoder:
     return TurboJpegDecoder()
 
 
-def torchvision() -> CpuDecoder:
+def torchvision() -> Decoder:
     return TorchvisionDecoder()
 
 
-def nvjpeg(size: int, decode_device: str = "cuda") -> CpuDecoder:
+def nvjpeg(size: int, decode_device: str = "cuda") -> Decoder:
     return NvjpegDecoder(size, decode_device)
