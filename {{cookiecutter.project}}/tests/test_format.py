@@ -145,3 +145,14 @@ def test_pack_command_line_reports_once_and_refuses_to_overwrite(tiny_root, tmp_
     assert first.returncode == 0, first.stderr[-2000:]
     assert "packed 36 images (0 left out as unreadable)" in first.stdout and "images/s" in first.stdout
     assert again.returncode == 1 and again.stderr.strip().splitlines()[-1].startswith("error: pack.out=")
+
+
+@pytest.mark.parametrize("format", PACKED)
+def test_packed_files_are_opened_in_the_workers_not_in_the_parent(format, packs):
+    from torch.utils.data import DataLoader
+
+    store = open_pack(format, packs[format]).train
+    payloads = list(DataLoader(range(len(store)), batch_size=None, num_workers=2,
+                               collate_fn=lambda index: store.read(index)))
+    assert len(payloads) == len(store)
+    assert store._pid is None and not any(key.startswith("_") and key != "_pid" for key in vars(store))
