@@ -123,7 +123,8 @@ def test_training_run_reports_where_the_time_went(installed, tmp_path):
     assert summary["images_per_s"] > 0 and 0 <= summary["data_frac"] <= 1
     assert summary["data_ms"] + summary["compute_ms"] > 0
     assert summary["verdict"].startswith("Data loading is") and summary["advice"]
-    assert summary["choices"] == {"data": "synthetic", "model": "torchvision", "optim": "sgd",
+    assert summary["choices"] == {"data": "synthetic", "format": "folder", "decoder": "turbojpeg", "staging": "none",
+                                  "prefetcher": "none", "model": "torchvision", "optim": "sgd",
                                   "schedule": "warmup_cosine", "logger": "tensorboard", "profiler": "none"}
     assert summary["env"]["device"].startswith("cpu") and summary["env"]["torch"]
     assert 0 <= summary["val_top1"] <= summary["val_top5"] <= 100
