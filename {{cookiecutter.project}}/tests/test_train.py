@@ -107,10 +107,12 @@ def test_bad_input_fails_with_one_clear_line(overrides, tmp_path, train_cli):
 def test_torchrun_two_processes_share_one_run_folder(tmp_path, train_cli):
     run_dir = tmp_path / "run"
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    train_cli(run_dir, "train.epochs=2", launcher=launcher)
+    train_cli(run_dir, "train.epochs=2", "staging=tmpfs", f"staging.dir={tmp_path / 'shm'}", launcher=launcher)
     # 24 training images, 2 processes, batch 4 each: 3 steps per epoch per process.
     assert summary(run_dir)["steps"] == 2 * 3
     assert len(list((run_dir / "tb").glob("events.*"))) == 1
     assert [p.name for p in run_dir.glob("*.pt")] == ["last.pt"]
     log = (run_dir / "train.log").read_text()
     assert "(2 processes)" in log and "12 val images" in log
+    assert log.count("staging=tmpfs: copying") == 1  # the first local process copied; the other waited
+    assert len(list((tmp_path / "shm").iterdir())) == 1
