@@ -6,14 +6,18 @@ import torch
 
 from {{ cookiecutter.package }} import workers
 from {{ cookiecutter.package }}.config import ConfigError
-from {{ cookiecutter.package }}.data import imagenet, make_splits
+from {{ cookiecutter.package }}.data import imagenet, make_loader, make_splits
 from {{ cookiecutter.package }}.decoder import pil
 from {{ cookiecutter.package }}.distributed import World
 from {{ cookiecutter.package }}.format import folder
 from {{ cookiecutter.package }}.staging import no_staging
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
-SETTINGS = {"num_workers": "auto", "prefetch_factor": 2, "pin_memory": False, "persistent_workers": False}
+SETTINGS = {"prefetch_factor": 2, "pin_memory": False, "persistent_workers": False}
+
+
+def loader_with(train_set):
+    return lambda count: make_loader(train_set, 2, True, 0, ALONE, num_workers=count, **SETTINGS)
 
 
 @pytest.fixture
@@ -38,23 +42,20 @@ def test_auto_measures_picks_the_fastest_and_caches_it(train_set, tmp_path, monk
 
     monkeypatch.setattr(workers, "images_per_s", fake_rate)
     caplog.set_level("INFO")
-    assert workers.pick_num_workers(SETTINGS, train_set, 2, ALONE, 0) == 2  # 4 is within 5%: fewer wins
+    assert workers.pick_num_workers("auto", train_set, 2, loader_with(train_set)) == 2  # 4 within 5%: fewer wins
     assert timed == [1, 2, 4] and "1: 100, 2: 300, 4: 290" in caplog.text
     assert list(json.loads((tmp_path / "num_workers.json").read_text()).values()) == [2]
-    assert workers.pick_num_workers(SETTINGS, train_set, 2, ALONE, 0) == 2
+    assert workers.pick_num_workers("auto", train_set, 2, loader_with(train_set)) == 2
     assert timed == [1, 2, 4]  # the second run read the cache
 
 
 def test_auto_really_times_a_loader(train_set):
-    from {{ cookiecutter.package }}.data import make_loader
-
-    loader = make_loader(train_set, 2, True, 0, ALONE, **{**SETTINGS, "num_workers": 0})
-    assert workers.images_per_s(loader, 2) > 0
+    assert workers.images_per_s(loader_with(train_set)(0), 2) > 0
 
 
 def test_bad_counts_and_too_small_sets_are_refused(train_set, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="loader.num_workers=-1"):
-        workers.pick_num_workers({**SETTINGS, "num_workers": -1}, train_set, 2, ALONE, 0)
+        workers.pick_num_workers(-1, train_set, 2, loader_with(train_set))
     monkeypatch.setattr(workers, "CACHE", tmp_path / "none.json")
     with pytest.raises(ConfigError, match="pass a count"):
-        workers.pick_num_workers(SETTINGS, train_set, 8, ALONE, 0)
+        workers.pick_num_workers("auto", train_set, 8, loader_with(train_set))

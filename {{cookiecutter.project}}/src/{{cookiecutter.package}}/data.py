@@ -22,6 +22,7 @@ from .config import ConfigError, build
 from .decoder import UNREADABLE, Box, Decoder, Decoded
 from .distributed import Shard, World
 from .format import Store, Stores
+from .workers import pick_num_workers
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +202,6 @@ class ToDevice:
 
 def make_loaders(cfg: DictConfig, world: World):
     """(train batches, val batches, splits) as the data, format, decoder, staging and prefetcher groups ask."""
-    from .workers import pick_num_workers
-
     source = build(cfg.data)
     stores = build(cfg.format, source=source, stage=build(cfg.staging, world=world))
     decoder = build(cfg.decoder)
@@ -210,7 +209,10 @@ def make_loaders(cfg: DictConfig, world: World):
     splits = make_splits(source, stores, decoder)
     settings = dict(cfg.loader)
     non_blocking = settings.pop("non_blocking")
-    settings["num_workers"] = pick_num_workers(settings, splits.train, cfg.train.batch_size, world, cfg.seed)
+    settings["num_workers"] = pick_num_workers(
+        settings["num_workers"], splits.train, cfg.train.batch_size, lambda count: make_loader(
+            splits.train, cfg.train.batch_size, True, cfg.seed, world, collate=splits.decoder.collate,
+            **{**settings, "num_workers": count, "persistent_workers": False}))
     to_device = ToDevice(splits.decoder, world.device, non_blocking)
     batches = [build(cfg.prefetcher, to_device=to_device, loader=make_loader(
         dataset, cfg.train.batch_size, train, cfg.seed, world, collate=splits.decoder.collate, **settings))

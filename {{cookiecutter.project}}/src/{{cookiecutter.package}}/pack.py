@@ -20,6 +20,7 @@ from pathlib import Path
 import cv2
 import hydra
 import numpy as np
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from PIL import Image
 from tqdm import tqdm
@@ -142,8 +143,6 @@ def main(cfg: DictConfig) -> None:
         source = build(cfg.data)
         if source.root is None:
             raise ConfigError("pass data.root=SRC, the tree with train/ and val/ to pack")
-        from hydra.core.hydra_config import HydraConfig
-
         report = pack(source.root, HydraConfig.get().runtime.choices["format"], Path(cfg.pack.out).expanduser(),
                       cfg.pack.short_side, cfg.pack.quality, cfg.pack.workers, cfg.pack.overwrite,
                       source.on_error)

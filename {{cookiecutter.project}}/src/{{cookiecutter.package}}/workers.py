@@ -4,11 +4,11 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .checkpoint import write_atomic
 from .config import ConfigError
-from .distributed import World
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +43,9 @@ def images_per_s(loader, batch_size: int) -> float:
     return timed * batch_size / (time.perf_counter() - start)
 
 
-def pick_num_workers(settings: dict, dataset, batch_size: int, world: World, seed: int) -> int:
-    """The worker count to use: as given, or for `auto` the fastest of a measured sweep (cached)."""
-    from .data import make_loader
+def pick_num_workers(value: int | str, dataset, batch_size: int, loader_with: Callable[[int], Iterable]) -> int:
+    """The worker count to use: `value` as given, or for `auto` the fastest of a sweep of `loader_with(count)`."""
 
-    value = settings["num_workers"]
     if value != "auto":
         if not isinstance(value, int) or value < 0:
             raise ConfigError(f"loader.num_workers={value!r}: pass a count (0 = load in the training process) or auto")
@@ -64,9 +62,7 @@ def pick_num_workers(settings: dict, dataset, batch_size: int, world: World, see
                           f"set has {len(dataset) // batch_size}: pass a count")
     rates = {}
     for count in candidates(cores):
-        loader = make_loader(dataset, batch_size, True, seed, world, **{**settings, "num_workers": count,
-                                                                         "persistent_workers": False})
-        rates[count] = images_per_s(loader, batch_size)
+        rates[count] = images_per_s(loader_with(count), batch_size)
     best = max(rates.values())
     chosen = min(count for count, rate in rates.items() if rate >= (1 - CLOSE_ENOUGH) * best)
     log.info("loader.num_workers=auto: %s images/s by worker count; using %d",

@@ -52,7 +52,7 @@ def write(path: Path, records) -> None:
                 txn = env.begin(write=True)
         txn.put(LABELS, np.array(labels, dtype=np.int64).tobytes())
         txn.commit()
-    Path(f"{path}-lock").unlink(missing_ok=True)
+    Path(f"{path}-lock").unlink(missing_ok=True)  # readers open with lock=False; a stale lock file would be copied
 
 
 def build(path: str, source, stage) -> Stores:
