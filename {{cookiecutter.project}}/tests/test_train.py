@@ -89,6 +89,8 @@ BAD_INPUT = {
     "format.path missing": ["format=hdf5", "format.path=???"],
     "format.path absent": ["format=lmdb", "format.path=/no/such/pack"],
     "loader.num_workers=lots": ["loader.num_workers=lots"],
+    "precision=fp16 without a GPU": ["precision=fp16"],
+    "cudnn=fast": ["cudnn=fast"],
 }
 
 
@@ -116,3 +118,27 @@ def test_torchrun_two_processes_share_one_run_folder(tmp_path, train_cli):
     assert "(2 processes)" in log and "12 val images" in log
     assert log.count("staging=tmpfs: copying") == 1  # the first local process copied; the other waited
     assert len(list((tmp_path / "shm").iterdir())) == 1
+
+
+def test_compute_switches_train_on_the_cpu(tmp_path, train_cli):
+    run_dir = tmp_path / "run"
+    train_cli(run_dir, "precision=bf16", "model.channels_last=true", "cudnn=benchmark")
+    result = summary(run_dir)
+    assert result["steps"] == STEPS_PER_EPOCH and result["skipped_steps"] == 0 and result["images_per_s"] > 0
+
+
+def test_deterministic_runs_give_the_same_weights(tmp_path, train_cli):
+    import torch
+
+    weights = []
+    for name in ("first", "second"):
+        train_cli(tmp_path / name, "cudnn=deterministic", "loader.num_workers=2")
+        weights.append(torch.load(tmp_path / name / "last.pt", map_location="cpu", weights_only=False)["model"])
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+
+
+def test_a_diverging_run_stops_with_the_step_and_a_hint(tmp_path, train_cli):
+    result = train_cli(tmp_path / "run", "optim.lr=1e30", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: the training loss became inf or NaN at step ")

@@ -188,15 +188,16 @@ def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: i
 class ToDevice:
     """A collated batch -> (normalised float images, labels) on the device; prefetchers choose when and where."""
 
-    def __init__(self, decoder: Decoder, device: torch.device, non_blocking: bool):
-        self.decoder, self.device, self.non_blocking = decoder, device, non_blocking
+    def __init__(self, decoder: Decoder, device: torch.device, non_blocking: bool,
+                 memory_format: torch.memory_format = torch.contiguous_format):
+        self.decoder, self.device, self.non_blocking, self.memory_format = decoder, device, non_blocking, memory_format
         self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
         self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
 
     def __call__(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = batch
         images = self.decoder.upload(images, self.device, self.non_blocking)
-        images = images.float().sub_(self.mean).div_(self.std).contiguous()  # NCHW, whatever the decoder's layout
+        images = images.float().sub_(self.mean).div_(self.std).contiguous(memory_format=self.memory_format)
         return images, labels.to(self.device, non_blocking=self.non_blocking)
 
 
@@ -213,7 +214,8 @@ def make_loaders(cfg: DictConfig, world: World):
         settings["num_workers"], splits.train, cfg.train.batch_size, lambda count: make_loader(
             splits.train, cfg.train.batch_size, True, cfg.seed, world, collate=splits.decoder.collate,
             **{**settings, "num_workers": count, "persistent_workers": False}))
-    to_device = ToDevice(splits.decoder, world.device, non_blocking)
+    to_device = ToDevice(splits.decoder, world.device, non_blocking,
+                         torch.channels_last if cfg.model.channels_last else torch.contiguous_format)
     batches = [build(cfg.prefetcher, to_device=to_device, loader=make_loader(
         dataset, cfg.train.batch_size, train, cfg.seed, world, collate=splits.decoder.collate, **settings))
         for dataset, train in ((splits.train, True), (splits.val, False))]

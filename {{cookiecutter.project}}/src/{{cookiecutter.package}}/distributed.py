@@ -49,7 +49,8 @@ def setup() -> World:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model itself, without DistributedDataParallel around it, for checkpoints that load anywhere."""
+    """The model itself, without torch.compile or DistributedDataParallel around it, for portable checkpoints."""
+    model = getattr(model, "_orig_mod", model)  # what torch.compile wrapped
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 

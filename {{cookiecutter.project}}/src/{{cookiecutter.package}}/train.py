@@ -19,12 +19,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from . import checkpoint, distributed
+from . import checkpoint, cudnn, distributed
 from .clock import Clock, Window
 from .config import ClearError, build, check
 from .data import make_loaders
 from .distributed import World
 from .logger import NullLogger
+from .model import compiled
+from .precision import Precision, make_precision
 from .prefetcher import NoPrefetcher
 from .profiler import NoProfiler
 from .report import Loader, diagnose, environment, format_report
@@ -40,6 +42,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     criterion: torch.nn.Module
+    precision: Precision
     train_loader: NoPrefetcher
     val_loader: NoPrefetcher
     clock: Clock
@@ -65,12 +68,14 @@ class Run:
 
     def state(self) -> dict:
         return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "step": self.step}
+                "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
+                "epoch": self.epoch, "step": self.step}
 
     def restore(self, state: dict) -> None:
         distributed.unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state.get("scaler", {}))
         self.epoch, self.step = state["epoch"], state["step"]
 
 
@@ -78,7 +83,10 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     """Build data, model and helpers; everything that can refuse the config does so before any file is written."""
     device = world.device
     *loaders, splits, num_workers = make_loaders(cfg, world)
+    precision = make_precision(cfg.precision, device)
     model = world.wrap(build(cfg.model, data_classes=len(splits.classes)).to(device))
+    example = torch.zeros(cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size, device=device)
+    model = compiled(model, cfg.model.compile, example, precision)
     optimizer = build(cfg.optim, model=model)
     steps_per_epoch = len(loaders[0])
     total_steps = steps_per_epoch * cfg.train.epochs
@@ -89,7 +97,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     state = checkpoint.load(resume_from, device) if resume_from else None
     writes = world.is_main  # the other ranks get objects that write nothing
     run = Run(model, optimizer, scheduler, torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
-              *loaders, Clock(device), SystemMonitor(device),
+              precision, *loaders, Clock(device), SystemMonitor(device),
               build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
               build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
               checkpoint.Checkpoints(run_dir, writes), world, cfg.train.log_every,
@@ -107,13 +115,15 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
 def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
     """Close a logging window: one device sync, then scalars to the logger and the progress bar."""
     window, system = run.clock.lap(), run.sysmon.sample()
+    run.precision.check()
     if window.steps == 0:
         return
     run.windows.append((window, system))
     run.logger.scalars({
         "train/loss": loss_sum.item() / window.steps, "train/lr": run.optimizer.param_groups[0]["lr"],
         "time/data_ms": window.data_ms, "time/compute_ms": window.compute_ms, "time/data_frac": window.data_frac,
-        "throughput/images_per_s": window.images_per_s, **system}, run.step)
+        "throughput/images_per_s": window.images_per_s, "train/skipped_steps": run.precision.skipped.item(),
+        **system}, run.step)
     bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%")
     loss_sum.zero_()
 
@@ -128,10 +138,10 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
                mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
     batches = 0
     for batches, (images, labels) in enumerate(bar, start=1):
-        loss = run.criterion(run.model(images), labels)
+        with run.precision.autocast():
+            loss = run.criterion(run.model(images), labels)
         run.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        run.optimizer.step()
+        run.precision.step(loss, run.optimizer, run.step)
         run.scheduler.step()
         run.profiler.step()
         loss_sum += loss.detach()
@@ -159,7 +169,9 @@ def evaluate(run: Run) -> tuple[float, float]:
     for batch_index, (images, labels) in enumerate(run.val_loader):
         if batch_index == run.limit_val_batches:
             break
-        counts[:2] += accuracy(run.model(images), labels, topk=(1, 5))
+        with run.precision.autocast():
+            output = run.model(images)
+        counts[:2] += accuracy(output, labels, topk=(1, 5))
         counts[2] += len(labels)
     hits1, hits5, seen = run.world.sum(counts).tolist()
     top1, top5 = 100 * hits1 / max(1, seen), 100 * hits5 / max(1, seen)
@@ -179,12 +191,13 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, skipped_files
         "prefetch_factor", "pin_memory", "persistent_workers")}), choices)
     return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "compute_ms": total.compute_ms,
             "data_frac": total.data_frac, "verdict": verdict, "advice": advice, "val_top1": top1, "val_top5": top5,
-            "steps": run.step, "skipped_files": skipped_files, "choices": choices, "system": system,
+            "steps": run.step, "skipped_files": skipped_files, "skipped_steps": int(run.precision.skipped), "choices": choices, "system": system,
             "env": environment(run.device)}
 
 
 def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     check(cfg)
+    cudnn.configure(cfg.cudnn)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

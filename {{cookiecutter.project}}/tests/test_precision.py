@@ -1,0 +1,106 @@
+"""Compute switches: precision, the non-finite-loss guard, cudnn modes, channels_last and compile."""
+import os
+
+import pytest
+import torch
+
+from {{ cookiecutter.package }} import cudnn
+from {{ cookiecutter.package }}.config import ConfigError
+from {{ cookiecutter.package }}.data import ToDevice
+from {{ cookiecutter.package }}.decoder import pil
+from {{ cookiecutter.package }}.distributed import unwrap
+from {{ cookiecutter.package }}.model import compiled, torchvision_model
+from {{ cookiecutter.package }}.precision import NonFiniteLoss, Precision
+
+CPU = torch.device("cpu")
+
+
+def tiny_model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+
+
+def one_step(precision: Precision, model: torch.nn.Module, step: int, scale_loss: float = 1.0) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.zero_grad(set_to_none=True)
+    with precision.autocast():
+        loss = model(torch.randn(2, 3, 8, 8)).float().sum() * scale_loss
+    precision.step(loss, optimizer, step)
+
+
+def test_bf16_autocasts_on_the_cpu_and_fp32_does_not():
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        with Precision(name, CPU).autocast():
+            assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == dtype
+
+
+def test_fp16_without_a_gpu_and_unknown_names_are_refused():
+    with pytest.raises(ConfigError, match="precision=fp16 needs a GPU .* precision=bf16"):
+        Precision("fp16", CPU)
+    with pytest.raises(ConfigError, match="precision=fp8: pick one of fp32, fp16, bf16"):
+        Precision("fp8", CPU)
+
+
+def test_a_non_finite_loss_stops_the_run_with_its_step():
+    precision, model = Precision("fp32", CPU), tiny_model()
+    one_step(precision, model, step=6)
+    precision.check()  # finite so far
+    one_step(precision, model, step=7, scale_loss=float("nan"))
+    one_step(precision, model, step=8, scale_loss=float("inf"))
+    with pytest.raises(NonFiniteLoss, match="at step 7: lower optim.lr"):
+        precision.check()
+
+
+def test_steps_the_loss_scaler_skips_are_counted_not_failed():
+    """fp16's mechanism, run with the CPU's GradScaler: an overflow skips the step and is counted."""
+    precision, model = Precision("fp32", CPU), tiny_model()
+    precision.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+    before = [p.detach().clone() for p in model.parameters()]
+    one_step(precision, model, step=1, scale_loss=float("inf"))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # not applied
+    one_step(precision, model, step=2)
+    assert int(precision.skipped) == 1 and precision.scaler.get_scale() == 2.0 ** 15
+    precision.check()  # a skipped step is no failure
+    restored = Precision("fp32", CPU)
+    restored.scaler = torch.amp.GradScaler("cpu")
+    restored.load_state_dict(precision.state_dict())
+    assert restored.scaler.get_scale() == 2.0 ** 15
+
+
+def test_cudnn_modes_set_the_switches_they_name(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        cudnn.configure("deterministic")
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        cudnn.configure("benchmark")
+        assert torch.backends.cudnn.benchmark and not torch.are_deterministic_algorithms_enabled()
+    finally:
+        cudnn.configure("default")
+    assert not torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
+    with pytest.raises(ConfigError, match="cudnn=fast"):
+        cudnn.configure("fast")
+
+
+def test_channels_last_converts_the_model_and_its_inputs():
+    model = torchvision_model("resnet18", 3, 3, channels_last=True, compile=False)
+    assert model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    images = torch.zeros((2, 8, 8, 3), dtype=torch.uint8)
+    moved, _ = ToDevice(pil(), CPU, False, torch.channels_last)((images, torch.tensor([0, 1])))
+    assert moved.shape == (2, 3, 8, 8) and moved.is_contiguous(memory_format=torch.channels_last)
+    plain, _ = ToDevice(pil(), CPU, False)((images, torch.tensor([0, 1])))
+    assert plain.is_contiguous()
+
+
+def test_compile_is_done_before_training_and_leaves_no_trace(caplog):
+    torch.manual_seed(0)
+    model, images = tiny_model(), torch.randn(4, 3, 8, 8)
+    statistics = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    caplog.set_level("INFO")
+    fast = compiled(model, True, images, Precision("fp32", CPU))
+    assert "compiled in" in caplog.text and unwrap(fast) is model
+    assert all(torch.equal(buffer, statistics[name]) for name, buffer in model.named_buffers())
+    assert all(p.grad is None for p in model.parameters())
+    model.eval()
+    assert torch.allclose(fast(images), model(images), atol=1e-5)
+    assert compiled(model, False, images, Precision("fp32", CPU)) is model
