@@ -1,8 +1,12 @@
 """The real command line: a run resumes from its checkpoint, torchrun works, bad input fails in one line."""
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 from conftest import CONF
@@ -23,13 +27,13 @@ def test_resume_continues_counting_from_the_checkpoint(tmp_path, train_cli):
 
     result = train_cli(run_dir, "resume=auto", "train.epochs=2")
     log = (run_dir / "train.log").read_text()
-    assert re.search(r"resumed from .*last\.pt at epoch 0, step 4", log), result.stderr[-2000:]
-    # The cut epoch is trained again in full, then the second epoch: the step count carries on from 4.
-    assert summary(run_dir)["steps"] == 4 + 2 * STEPS_PER_EPOCH
+    assert re.search(r"resumed from .*last\.pt at epoch 0, step 4 \(batch 4 of the epoch\)", log), result.stderr[-2000:]
+    # The cut epoch carries on from its fifth batch, then the second epoch: as if never stopped.
+    assert summary(run_dir)["steps"] == 2 * STEPS_PER_EPOCH
     assert (run_dir / "last.pt").read_bytes() != first_weights
 
     train_cli(run_dir, "resume=auto", "train.epochs=2")  # nothing left to do: reports, trains no step
-    assert summary(run_dir)["steps"] == 4 + 2 * STEPS_PER_EPOCH
+    assert summary(run_dir)["steps"] == 2 * STEPS_PER_EPOCH
 
 
 def test_unreadable_images_are_counted_in_the_summary(tmp_path, tiny_root, train_cli):
@@ -112,6 +116,11 @@ def test_torchrun_two_processes_share_one_run_folder(tmp_path, train_cli):
     train_cli(run_dir, "train.epochs=2", "staging=tmpfs", f"staging.dir={tmp_path / 'shm'}", launcher=launcher)
     # 24 training images, 2 processes, batch 4 each: 3 steps per epoch per process.
     assert summary(run_dir)["steps"] == 2 * 3
+    assert (run_dir / "train-rank1.log").exists() and "(2 processes)" in (run_dir / "train-rank1.log").read_text()
+    # The same checkpoint evaluated by one process gives the same top-1: no image counted twice or missed.
+    single = tmp_path / "single"
+    train_cli(single, f"resume={run_dir / 'last.pt'}", "train.epochs=2")
+    assert summary(single)["val_top1"] == summary(run_dir)["val_top1"]
     assert len(list((run_dir / "tb").glob("events.*"))) == 1
     assert [p.name for p in run_dir.glob("*.pt")] == ["last.pt"]
     log = (run_dir / "train.log").read_text()
@@ -142,3 +151,66 @@ def test_a_diverging_run_stops_with_the_step_and_a_hint(tmp_path, train_cli):
     result = train_cli(tmp_path / "run", "optim.lr=1e30", check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: the training loss became inf or NaN at step ")
+
+
+def start_cli(run_dir, overrides, cache_dir, tiny_root, launcher=(sys.executable,)):
+    """The training command line in the background, as train_cli would run it."""
+    from conftest import CPU_ONLY, PACKAGE, PROJECT, tiny
+
+    command = [*launcher, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *tiny(overrides, cache_dir, tiny_root)]
+    return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **CPU_ONLY})
+
+
+def wait_for(condition, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+LONGER = ("data.train_per_class=40", "train.epochs=3")  # 120 images: 30 steps per epoch for one process
+
+
+def test_sigterm_mid_epoch_saves_the_position_and_resume_finishes_the_run(tmp_path, cache_dir, tiny_root,
+                                                                          train_cli):
+    run_dir = tmp_path / "run"
+    process = start_cli(run_dir, LONGER, cache_dir, tiny_root)
+    wait_for(lambda: (run_dir / "tb").is_dir() and any((run_dir / "tb").glob("events.*"))
+             and (run_dir / "train.log").exists() and "resnet18 on cpu" in (run_dir / "train.log").read_text())
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    stopped = re.search(r"stopped by SIGTERM at step (\d+) \(epoch (\d+), batch (\d+)\)",
+                        (run_dir / "train.log").read_text())
+    assert stopped, stderr[-3000:]
+    step = int(stopped[1])
+    assert 0 < step < 90 and not (run_dir / "summary.json").exists()
+
+    train_cli(run_dir, *LONGER, "resume=auto")
+    log = (run_dir / "train.log").read_text()
+    assert f"at epoch {stopped[2]}, step {step} (batch {stopped[3]} of the epoch)" in log
+    assert summary(run_dir)["steps"] == 90  # the step count carried on to the planned end
+    import torch
+
+    windows = torch.load(run_dir / "last.pt", weights_only=False)["windows"]
+    assert sum(window["steps"] for window, _ in windows) == 90  # the summary's windows span the whole run
+
+
+def test_elastic_restart_resumes_from_the_checkpoint(tmp_path, cache_dir, tiny_root):
+    import psutil
+
+    run_dir = tmp_path / "run"
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                "--max-restarts=1")
+    # 120 images, 2 processes, batch 4: 15 steps per epoch each
+    process = start_cli(run_dir, LONGER, cache_dir, tiny_root, launcher=launcher)
+    wait_for(lambda: (run_dir / "last.pt").exists())
+    workers = psutil.Process(process.pid).children()
+    assert len(workers) == 2
+    workers[1].kill()  # one worker dies mid-run, as on a failed node
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    assert re.search(r"resumed from .*last\.pt at epoch [1-3]", (run_dir / "train.log").read_text())
+    assert summary(run_dir)["steps"] == 3 * 15

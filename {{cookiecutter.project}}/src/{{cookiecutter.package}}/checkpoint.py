@@ -46,6 +46,8 @@ class Checkpoints:
 
 def find(resume: str | None, run_dir: Path) -> Path | None:
     """The checkpoint to resume from: None, 'auto' (last.pt in the run folder, if any) or a path."""
+    if resume is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
+        resume = "auto"  # torchrun restarted the workers: carry on from this run folder's checkpoint
     if resume is None:
         return None
     if resume == "auto":

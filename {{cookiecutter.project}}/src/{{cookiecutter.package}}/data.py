@@ -8,6 +8,7 @@ import logging
 import math
 import multiprocessing
 import random
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,12 +16,12 @@ import cv2
 import numpy as np
 import torch
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
 from . import synth
 from .config import ConfigError, build
 from .decoder import UNREADABLE, Box, Decoder, Decoded
-from .distributed import Shard, World
+from .distributed import EpochSampler, Shard, World
 from .format import Store, Stores
 from .workers import pick_num_workers
 
@@ -159,6 +160,9 @@ def make_splits(source: Source, stores: Stores, decoder: Decoder) -> Splits:
 
 def seed_worker(worker_id: int) -> None:
     """Seed Python's and NumPy's generators from the per-worker, per-epoch seed torch gives each worker."""
+    # Ctrl-C and Slurm's SIGTERM reach the workers too; the training process alone decides how to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)
@@ -170,10 +174,11 @@ def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: i
                 collate=None) -> DataLoader:
     """Training batches are shuffled and full, a different share per process; validation covers each image once.
 
-    DistributedSampler serves a single process too (one replica needs no process group); its order depends
-    only on seed and epoch, so a resumed run sees the same order the uninterrupted one would have.
+    The training sampler (a DistributedSampler) serves a single process too (one replica needs no process
+    group); its order depends only on seed and epoch, so a resumed run sees the order the uninterrupted
+    one would have, from the batch where it stopped.
     """
-    sampler = (DistributedSampler(dataset, world.size, world.rank, shuffle=True, seed=seed, drop_last=True)
+    sampler = (EpochSampler(dataset, world.size, world.rank, shuffle=True, seed=seed, drop_last=True)
                if train else Shard(dataset, world))
     return DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, drop_last=train, num_workers=num_workers,

@@ -1,14 +1,18 @@
 """One process per device under torchrun; a plain `python -m` run is a world of one.
 
-    torchrun --standalone --nproc-per-node=8 -m {{ cookiecutter.package }}.train hydra.run.dir=outputs/ddp
+    torchrun --standalone --nproc-per-node=8 -m {{ cookiecutter.package }}.train
+
+Every rank resolves the same run folder: under torchrun it is named after the rendezvous id, which all
+ranks (and an elastic restart of them) share, instead of a timestamp each rank would read for itself.
 """
 import os
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 
 @dataclass
@@ -28,9 +32,19 @@ class World:
             dist.all_reduce(tensor)
         return tensor
 
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+    def max(self, value: float) -> float:
+        """The largest `value` of any process."""
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        if self.size > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor.item())
+
+    def wrap(self, model: torch.nn.Module, sync_bn: bool) -> torch.nn.Module:
+        """DDP around the model when there are several processes; BatchNorm statistics shared if `sync_bn`."""
         if self.size == 1:
             return model
+        if sync_bn:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None)
 
 
@@ -48,6 +62,18 @@ def setup() -> World:
     return World(rank, local_rank, size, device)
 
 
+def run_name() -> str:
+    """The run folder's name: torchrun's rendezvous id, the same on every rank, or the start time."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    return f"torchrun-{run_id}" if run_id != "none" else time.strftime("%Y-%m-%d/%H-%M-%S")
+
+
+def rank_suffix() -> str:
+    """'' on rank 0, '-rank<N>' elsewhere: each rank's log file name."""
+    rank = int(os.environ.get("RANK", 0))
+    return f"-rank{rank}" if rank else ""
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The model itself, without torch.compile or DistributedDataParallel around it, for portable checkpoints."""
     model = getattr(model, "_orig_mod", model)  # what torch.compile wrapped
@@ -57,6 +83,22 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 def teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+class EpochSampler(DistributedSampler):
+    """DistributedSampler that can start its next epoch part-way, to resume a run stopped mid-epoch."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.skip = 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Shuffle for `epoch`, leaving out its first `skip` indices (those already trained on)."""
+        super().set_epoch(epoch)
+        self.skip = skip
+
+    def __iter__(self):
+        return iter(list(super().__iter__())[self.skip:])
 
 
 class Shard(Sampler[int]):

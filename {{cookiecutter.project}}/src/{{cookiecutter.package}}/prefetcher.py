@@ -26,9 +26,9 @@ class NoPrefetcher:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Shuffle the training order for this epoch."""
-        self.sampler.set_epoch(epoch)
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Shuffle the training order for this epoch, starting after its first `skip_batches` batches."""
+        self.sampler.set_epoch(epoch, skip_batches * self.loader.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for batch in self.loader:

@@ -9,7 +9,7 @@ import json
 import logging
 import random
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import hydra
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
 from . import checkpoint, cudnn, distributed
@@ -27,6 +28,7 @@ from .distributed import World
 from .logger import NullLogger
 from .model import compiled
 from .precision import Precision, make_precision
+from .preempt import Preempted, StopRequest
 from .prefetcher import NoPrefetcher
 from .profiler import NoProfiler
 from .report import Loader, diagnose, environment, format_report
@@ -50,12 +52,14 @@ class Run:
     logger: NullLogger
     profiler: NoProfiler
     checkpoints: checkpoint.Checkpoints
+    stop: StopRequest
     world: World
     log_every: int
     max_steps: int | None
     limit_val_batches: int | None
     epoch: int = 0
     step: int = 0
+    batch_in_epoch: int = 0  # batches of the current epoch already trained on
     windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
 
     @property
@@ -69,14 +73,16 @@ class Run:
     def state(self) -> dict:
         return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
-                "epoch": self.epoch, "step": self.step}
+                "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
+                "windows": [(asdict(window), system) for window, system in self.windows]}
 
     def restore(self, state: dict) -> None:
         distributed.unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("scaler", {}))
-        self.epoch, self.step = state["epoch"], state["step"]
+        self.epoch, self.step, self.batch_in_epoch = state["epoch"], state["step"], state.get("batch_in_epoch", 0)
+        self.windows = [(Window(**window), system) for window, system in state.get("windows", [])]
 
 
 def make_run(cfg: DictConfig, run_dir: Path, world: World):
@@ -84,7 +90,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     device = world.device
     *loaders, splits, num_workers = make_loaders(cfg, world)
     precision = make_precision(cfg.precision, device)
-    model = world.wrap(build(cfg.model, data_classes=len(splits.classes)).to(device))
+    model = world.wrap(build(cfg.model, data_classes=len(splits.classes)).to(device), cfg.distributed.sync_bn)
     example = torch.zeros(cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size, device=device)
     model = compiled(model, cfg.model.compile, example, precision)
     optimizer = build(cfg.optim, model=model)
@@ -100,12 +106,13 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
               precision, *loaders, Clock(device), SystemMonitor(device),
               build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
               build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
-              checkpoint.Checkpoints(run_dir, writes), world, cfg.train.log_every,
+              checkpoint.Checkpoints(run_dir, writes), StopRequest(), world, cfg.train.log_every,
               cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None)
     if state:
         run.restore(state)
-        log.info("resumed from %s at epoch %d, step %d", resume_from, run.epoch, run.step)
+        log.info("resumed from %s at epoch %d, step %d (batch %d of the epoch)", resume_from, run.epoch, run.step,
+                 run.batch_in_epoch)
     log.info("%s on %s (%d process%s): %d classes, %d train / %d val images, %d steps per epoch per process",
              cfg.model.name, device, world.size, "es" if world.size > 1 else "", len(splits.classes),
              len(splits.train), len(splits.val), steps_per_epoch)
@@ -126,18 +133,19 @@ def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
         **system}, run.step)
     bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%")
     loss_sum.zero_()
+    run.stop.check(run.world)
 
 
 def train_one_epoch(run: Run, epoch: int) -> bool:
-    """Train until the loader or train.max_steps runs out; True if the whole epoch ran."""
+    """Train from where the epoch stands until the loader or train.max_steps runs out; True if it ended."""
     run.model.train()
-    run.train_loader.set_epoch(epoch)
+    start = run.batch_in_epoch
+    run.train_loader.set_epoch(epoch, skip_batches=start)
     loss_sum = torch.zeros((), device=run.device)
     run.clock.start()
-    bar = tqdm(run.clock.timed(run.train_loader), total=len(run.train_loader), desc=f"epoch {epoch}",
+    bar = tqdm(run.clock.timed(run.train_loader), total=len(run.train_loader), initial=start, desc=f"epoch {epoch}",
                mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
-    batches = 0
-    for batches, (images, labels) in enumerate(bar, start=1):
+    for run.batch_in_epoch, (images, labels) in enumerate(bar, start=start + 1):
         with run.precision.autocast():
             loss = run.criterion(run.model(images), labels)
         run.optimizer.zero_grad(set_to_none=True)
@@ -152,7 +160,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
             break
     end_window(run, bar, loss_sum)
     bar.close()
-    return batches == len(run.train_loader)
+    return run.batch_in_epoch == len(run.train_loader)
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor, topk: tuple[int, ...]) -> torch.Tensor:
@@ -189,9 +197,10 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, skipped_files
                if not group.startswith("hydra")}
     verdict, advice = diagnose(total, system, run.device, Loader(num_workers, **{key: cfg.loader[key] for key in (
         "prefetch_factor", "pin_memory", "persistent_workers")}), choices)
-    return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "compute_ms": total.compute_ms,
-            "data_frac": total.data_frac, "verdict": verdict, "advice": advice, "val_top1": top1, "val_top5": top5,
-            "steps": run.step, "skipped_files": skipped_files, "skipped_steps": int(run.precision.skipped), "choices": choices, "system": system,
+    return {"images_per_s": total.images_per_s, "data_ms": run.world.max(total.data_ms),  # the slowest rank's
+            "compute_ms": total.compute_ms, "data_frac": total.data_frac, "verdict": verdict, "advice": advice,
+            "val_top1": top1, "val_top5": top5, "steps": run.step, "skipped_files": skipped_files,
+            "skipped_steps": int(run.precision.skipped), "choices": choices, "system": system,
             "env": environment(run.device)}
 
 
@@ -203,12 +212,19 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     torch.manual_seed(cfg.seed)
     run, splits, num_workers = make_run(cfg, run_dir, world)
     scores = None
-    with run.profiler:
-        while run.epoch < cfg.train.epochs and not run.out_of_steps:
-            if train_one_epoch(run, run.epoch):
-                run.epoch += 1  # a run cut short by max_steps resumes at the start of the unfinished epoch
-            scores = evaluate(run)
-            run.checkpoints.save(run.state())
+    try:
+        with run.profiler:
+            while run.epoch < cfg.train.epochs and not run.out_of_steps:
+                if train_one_epoch(run, run.epoch):
+                    run.epoch, run.batch_in_epoch = run.epoch + 1, 0
+                scores = evaluate(run)
+                run.checkpoints.save(run.state())
+    except Preempted as stop:
+        run.checkpoints.save(run.state())
+        run.logger.close()
+        log.info("stopped by %s at step %d (epoch %d, batch %d); checkpoint saved: continue with resume=auto "
+                 "hydra.run.dir=%s", stop, run.step, run.epoch, run.batch_in_epoch, run_dir)
+        return {}
     top1, top5 = scores or evaluate(run)  # a resumed run that had nothing left still reports its accuracy
     run.logger.close()
     summary = summarize(run, cfg, top1, top5, splits.skipped_files(world), num_workers)
@@ -218,7 +234,12 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     return summary
 
 
+OmegaConf.register_new_resolver("run_name", distributed.run_name, replace=True)
+OmegaConf.register_new_resolver("rank_suffix", distributed.rank_suffix, replace=True)
+
+
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
+@record  # inside hydra.main, which would otherwise swallow the exception: torchrun's summary gets the traceback
 def main(cfg: DictConfig) -> None:
     world = distributed.setup()
     try:
