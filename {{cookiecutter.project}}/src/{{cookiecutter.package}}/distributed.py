@@ -50,6 +50,10 @@ class World:
 
 def setup() -> World:
     """Read torchrun's RANK, LOCAL_RANK and WORLD_SIZE; join the process group (NCCL on GPUs, gloo on CPUs)."""
+    if "RANK" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ:  # a Slurm task of hydra/launcher=slurm
+        import submitit
+
+        submitit.helpers.TorchDistributedEnvironment().export()  # RANK, WORLD_SIZE, MASTER_ADDR, ... from Slurm's
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     size = int(os.environ.get("WORLD_SIZE", 1))
     if torch.cuda.is_available():
