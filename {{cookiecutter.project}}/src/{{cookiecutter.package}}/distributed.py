@@ -5,6 +5,7 @@
 Every rank resolves the same run folder: under torchrun it is named after the rendezvous id, which all
 ranks (and an elastic restart of them) share, instead of a timestamp each rank would read for itself.
 """
+import datetime
 import os
 import time
 from dataclasses import dataclass
@@ -48,8 +49,12 @@ class World:
         return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None)
 
 
-def setup() -> World:
-    """Read torchrun's RANK, LOCAL_RANK and WORLD_SIZE; join the process group (NCCL on GPUs, gloo on CPUs)."""
+def setup(timeout_min: float = 30.0) -> World:
+    """Read torchrun's RANK, LOCAL_RANK and WORLD_SIZE; join the process group (NCCL on GPUs, gloo on CPUs).
+
+    A collective, or joining the group, that waits longer than `timeout_min` fails instead of hanging,
+    so that torchrun can restart the workers.
+    """
     if "RANK" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ:  # a Slurm task of hydra/launcher=slurm
         import submitit
 
@@ -62,7 +67,8 @@ def setup() -> World:
     else:
         device = torch.device("cpu")
     if size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                timeout=datetime.timedelta(minutes=timeout_min))
     return World(rank, local_rank, size, device)
 
 

@@ -241,7 +241,7 @@ OmegaConf.register_new_resolver("rank_suffix", distributed.rank_suffix, replace=
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
 @record  # inside hydra.main, which would otherwise swallow the exception: torchrun's summary gets the traceback
 def main(cfg: DictConfig) -> None:
-    world = distributed.setup()
+    world = distributed.setup(cfg.distributed.timeout_min)
     try:
         train(cfg, Path(HydraConfig.get().runtime.output_dir), world)
     except ClearError as err:
