@@ -196,27 +196,3 @@ def test_sigterm_mid_epoch_saves_the_position_and_resume_finishes_the_run(tmp_pa
 
     windows = torch.load(run_dir / "last.pt", weights_only=False)["windows"]
     assert sum(window["steps"] for window, _ in windows) == 90  # the summary's windows span the whole run
-
-
-def test_elastic_restart_resumes_from_the_checkpoint(tmp_path, cache_dir, tiny_root):
-    import psutil
-
-    run_dir = tmp_path / "run"
-    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                "--max-restarts=3")
-    # 120 images, 2 processes, batch 4: 15 steps per epoch each. Now and then gloo's group set-up after a
-    # restart never completes; the short timeout turns that into one more restart instead of a hang.
-    process = start_cli(run_dir, (*LONGER, "distributed.timeout_min=0.5"), cache_dir, tiny_root, launcher=launcher)
-    wait_for(lambda: (run_dir / "last.pt").exists())
-    workers = psutil.Process(process.pid).children()
-    assert len(workers) == 2
-    workers[1].kill()  # one worker dies mid-run, as on a failed node
-    try:
-        _, stderr = process.communicate(timeout=400)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        _, stderr = process.communicate()
-        raise AssertionError(f"no end after the restart:\n{stderr[-6000:]}") from None
-    assert process.returncode == 0, stderr[-3000:]
-    assert re.search(r"resumed from .*last\.pt at epoch [1-3]", (run_dir / "train.log").read_text())
-    assert summary(run_dir)["steps"] == 3 * 15

@@ -123,17 +123,16 @@ def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
     """Close a logging window: one device sync, then scalars to the logger and the progress bar."""
     window, system = run.clock.lap(), run.sysmon.sample()
     run.precision.check()
-    if window.steps == 0:
-        return
-    run.windows.append((window, system))
-    run.logger.scalars({
-        "train/loss": loss_sum.item() / window.steps, "train/lr": run.optimizer.param_groups[0]["lr"],
-        "time/data_ms": window.data_ms, "time/compute_ms": window.compute_ms, "time/data_frac": window.data_frac,
-        "throughput/images_per_s": window.images_per_s, "train/skipped_steps": run.precision.skipped.item(),
-        **system}, run.step)
-    bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%")
-    loss_sum.zero_()
-    run.stop.check(run.world)
+    if window.steps:
+        run.windows.append((window, system))
+        run.logger.scalars({
+            "train/loss": loss_sum.item() / window.steps, "train/lr": run.optimizer.param_groups[0]["lr"],
+            "time/data_ms": window.data_ms, "time/compute_ms": window.compute_ms, "time/data_frac": window.data_frac,
+            "throughput/images_per_s": window.images_per_s, "train/skipped_steps": run.precision.skipped.item(),
+            **system}, run.step)
+        bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%")
+        loss_sum.zero_()
+    run.stop.check(run.world)  # every rank, every window: they stop together or not at all
 
 
 def train_one_epoch(run: Run, epoch: int) -> bool:
@@ -152,7 +151,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
         run.precision.step(loss, run.optimizer, run.step)
         run.scheduler.step()
         run.profiler.step()
-        loss_sum += loss.detach()
+        loss_sum += loss.detach().nan_to_num(0.0, 0.0, 0.0)  # an fp16 step the scaler skipped adds nothing
         run.step += 1
         if run.step % run.log_every == 0:
             end_window(run, bar, loss_sum)
