@@ -32,13 +32,14 @@ def torchvision_model(name: str, num_classes: int, data_classes: int, channels_l
     return model.to(memory_format=torch.channels_last) if channels_last else model
 
 
-def compiled(model: torch.nn.Module, enabled: bool, images: torch.Tensor, precision) -> torch.nn.Module:
-    """torch.compile(model), compiled now by one forward and backward pass on `images`, which leaves no trace.
+def compiled(model: torch.nn.Module, enabled: bool, batch_shape: tuple[int, ...], precision) -> torch.nn.Module:
+    """torch.compile(model), compiled now by one forward and backward pass on a batch of zeros, which leaves no trace.
 
     The pass runs in training mode, so the normalisation layers' running statistics are put back after it.
     """
     if not enabled:
         return model
+    images = torch.zeros(batch_shape, device=next(model.parameters()).device)  # only a compiled run needs it
     model = torch.compile(model)
     buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
     start = time.perf_counter()

@@ -26,7 +26,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from .config import ClearError, ConfigError, build
-from .decoder import UNREADABLE
+from .decoder import UNREADABLE, PilDecoder, pil_size
 from .format import META, SPLITS
 from .format.folder import open_tree
 
@@ -44,11 +44,7 @@ def shorter_side_to(image: np.ndarray, short_side: int) -> np.ndarray:
 
 def decode_resized(data: bytes, short_side: int) -> np.ndarray:
     """RGB pixels with the shorter side at short_side, decoding at reduced scale where that is enough."""
-    image = Image.open(io.BytesIO(data))
-    shrink = min(image.size) / short_side
-    if shrink >= 2:
-        image.draft("RGB", (image.width // int(shrink), image.height // int(shrink)))
-    return shorter_side_to(np.asarray(image.convert("RGB")), short_side)
+    return shorter_side_to(PilDecoder().decode(data, min(pil_size(data)) / short_side), short_side)
 
 
 def check_decodes(data: bytes) -> None:

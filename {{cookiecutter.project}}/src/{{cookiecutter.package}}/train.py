@@ -91,8 +91,8 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     *loaders, splits, num_workers = make_loaders(cfg, world)
     precision = make_precision(cfg.precision, device)
     model = world.wrap(build(cfg.model, data_classes=len(splits.classes)).to(device), cfg.distributed.sync_bn)
-    example = torch.zeros(cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size, device=device)
-    model = compiled(model, cfg.model.compile, example, precision)
+    model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
+                     precision)
     optimizer = build(cfg.optim, model=model)
     steps_per_epoch = len(loaders[0])
     total_steps = steps_per_epoch * cfg.train.epochs
