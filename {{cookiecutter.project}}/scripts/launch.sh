@@ -25,6 +25,8 @@ python=${PYTHON:-python}
 
 if [ "$nnodes" -gt 1 ]; then
     [ -n "${MASTER:-}" ] || { echo "launch.sh: NNODES=$nnodes needs MASTER=host:port of the first node" >&2; exit 1; }
+    # Each restart gets its own store: torchrun's shared one would hand restarted workers stale addresses.
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
     exec "$python" -m torch.distributed.run --nnodes="$nnodes" --nproc-per-node="$nproc" --rdzv-backend=c10d --rdzv-endpoint="$MASTER" \
         --rdzv-id="${RDZV_ID:-$package}" --max-restarts="${MAX_RESTARTS:-3}" -m "$package.train" "$@"
 fi

@@ -1,8 +1,10 @@
 """The real config, composed once and shrunk: CPU, a tiny synthetic data set, a few steps, output under tmp_path."""
 import io
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +144,49 @@ def train_cli(cache_dir, tiny_root, packs):
         return result
 
     return run
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+LONGER = ("data.train_per_class=40", "train.epochs=3")  # 120 images: 30 steps per epoch for one process
+
+
+def start_cli(run_dir: Path, overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path,
+              launcher: tuple[str, ...] = (sys.executable,)) -> subprocess.Popen:
+    """The training command line in the background, as train_cli would run it."""
+    command = [*launcher, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *tiny(overrides, cache_dir, tiny_root)]
+    return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **CPU_ONLY})
+
+
+def stop(process: subprocess.Popen) -> str:
+    """Kill `process` and every process it started; its stderr, where it was piped."""
+    import psutil
+
+    if process.poll() is None:
+        for child in psutil.Process(process.pid).children(recursive=True):
+            child.kill()
+        process.kill()
+    return process.communicate()[1] or ""
+
+
+def wait_for(condition, *processes: subprocess.Popen, timeout: float = 300) -> None:
+    """Return once `condition()` holds; fail, stopping `processes`, if one of them ends first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        ended = [process.returncode for process in processes if process.poll() is not None]
+        if ended or time.monotonic() > deadline:
+            stderr = "".join(stop(process) for process in processes)
+            reason = f"ended with {ended} before the condition held" if ended else f"timed out after {timeout} s"
+            raise AssertionError(f"{reason}\n{stderr[-4000:]}")
+        time.sleep(0.2)
+
+
+def finish(process: subprocess.Popen, timeout: float) -> str:
+    """The stderr of `process` once it ends. Past `timeout`, it and every process it started are killed."""
+    try:
+        return process.communicate(timeout=timeout)[1] or ""
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{process.args} did not end in {timeout} s:\n{stop(process)[-6000:]}") from None

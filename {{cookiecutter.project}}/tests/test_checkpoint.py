@@ -4,6 +4,7 @@ import torch
 
 from {{ cookiecutter.package }} import checkpoint
 from {{ cookiecutter.package }}.config import ConfigError
+from {{ cookiecutter.package }}.distributed import World
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -43,3 +44,22 @@ def test_damaged_checkpoint_is_refused(tmp_path):
     path.write_bytes(path.read_bytes()[:200])
     with pytest.raises(ConfigError, match="is not a readable checkpoint"):
         checkpoint.load(path, torch.device("cpu"))
+
+
+class NodeWithoutTheCheckpoint:
+    """A world of two processes, the other of which sees no checkpoint (its run folder is not shared)."""
+
+    device = torch.device("cpu")
+
+    def max(self, value: float) -> float:
+        return max(value, -1)  # -1: the other process starts from scratch
+
+
+def test_processes_that_disagree_on_the_checkpoint_refuse_to_resume(tmp_path):
+    checkpoint.save({"step": 4}, tmp_path / "last.pt")
+    with pytest.raises(ConfigError, match="storage that all of them share"):
+        checkpoint.resume_state("auto", tmp_path, NodeWithoutTheCheckpoint())
+    path, state = checkpoint.resume_state(None, tmp_path, NodeWithoutTheCheckpoint())  # neither resumes
+    assert path is None and state is None
+    path, state = checkpoint.resume_state("auto", tmp_path, World(0, 0, 1, torch.device("cpu")))
+    assert path == tmp_path / "last.pt" and state["step"] == 4

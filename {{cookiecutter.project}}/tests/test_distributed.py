@@ -1,13 +1,16 @@
 """Launching: one run folder for all ranks, a log per rank, scripts/launch.sh, and the Slurm launcher's config."""
 import os
+import re
+import socket
 import subprocess
 import sys
 
 import pytest
-from conftest import CONF, CPU_ONLY, PROJECT, tiny
+from conftest import CONF, CPU_ONLY, LONGER, PROJECT, finish, start_cli, summary, tiny, wait_for
 from hydra import compose, initialize_config_dir
 
-from {{ cookiecutter.package }}.distributed import rank_suffix, run_name
+from {{ cookiecutter.package }}.config import ConfigError
+from {{ cookiecutter.package }}.distributed import rank_suffix, restart_store, run_name
 
 
 def test_every_rank_resolves_the_same_run_folder(monkeypatch):
@@ -23,18 +26,95 @@ def test_every_rank_resolves_the_same_run_folder(monkeypatch):
     assert rank_suffix() == ""
 
 
+def test_each_elastic_restart_joins_through_keys_of_its_own(monkeypatch):
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=10)
+    assert restart_store(timeout) is None  # not under torchrun: env:// as usual
+    agent_store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)  # what torchrun's agent hosts
+    for name, value in {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(agent_store.port), "GROUP_WORLD_SIZE": "1",
+                        "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RESTART_COUNT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    failed_group = restart_store(timeout)
+    failed_group.set("rank1/address", "the dead worker's port")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    restarted_group = restart_store(timeout)
+    assert not restarted_group.check(["rank1/address"])  # the restarted group cannot read the failed group's keys
+    restarted_group.set("rank1/address", "the new worker's port")
+    assert failed_group.get("rank1/address") == b"the dead worker's port"
+
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")  # several nodes count restarts apart: refused
+    with pytest.raises(ConfigError, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        restart_store(timeout)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
+    assert restart_store(timeout) is None
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # torchrun made a store for this restart
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    assert restart_store(timeout) is None
+
+
+def launch_env(**settings: str) -> dict[str, str]:
+    """The environment for scripts/launch.sh: this interpreter and this project's source, on the CPU."""
+    return {**os.environ, **CPU_ONLY, **settings,
+            "PYTHONPATH": os.pathsep.join([str(PROJECT / "src"), os.environ.get("PYTHONPATH", "")]),
+            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])}
+
+
 def test_launch_script_runs_torchrun_into_one_folder(tmp_path, cache_dir, tiny_root, packs):
-    env = {**os.environ, **CPU_ONLY, "NPROC": "2",
-           "PYTHONPATH": os.pathsep.join([str(PROJECT / "src"), os.environ.get("PYTHONPATH", "")]),
-           "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])}
     result = subprocess.run(["bash", str(PROJECT / "scripts/launch.sh"), *tiny(("train.epochs=1",), cache_dir,
                                                                                  tiny_root)],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                            cwd=tmp_path, env=launch_env(NPROC="2"), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "outputs").iterdir()
     assert run_dir.name.startswith("torchrun-")
     assert {"summary.json", "last.pt", "train.log", "train-rank1.log"} <= {p.name for p in run_dir.iterdir()}
     assert len(list((run_dir / "tb").glob("events.*"))) == 1
+
+
+STEPS_WITH_TWO_PROCESSES = 3 * 15  # LONGER: 120 images over 2 processes, batch 4, 3 epochs
+RESUMED = re.compile(r"resumed from .*last\.pt at epoch [1-3]")
+
+
+def test_elastic_restart_resumes_from_the_checkpoint(tmp_path, cache_dir, tiny_root):
+    import psutil
+
+    run_dir = tmp_path / "run"
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                "--max-restarts=2")
+    process = start_cli(run_dir, LONGER, cache_dir, tiny_root, launcher=launcher)
+    wait_for(lambda: (run_dir / "last.pt").exists(), process)
+    workers = psutil.Process(process.pid).children()
+    assert len(workers) == 2
+    workers[1].kill()  # one worker dies mid-run, as on a failed GPU
+    stderr = finish(process, timeout=400)
+    assert process.returncode == 0, stderr[-3000:]
+    assert RESUMED.search((run_dir / "train.log").read_text())
+    assert summary(run_dir)["steps"] == STEPS_WITH_TWO_PROCESSES
+
+
+def test_launch_script_on_two_nodes_resumes_after_a_worker_dies(tmp_path, cache_dir, tiny_root):
+    import psutil
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = launch_env(NNODES="2", NPROC="1", MASTER=f"127.0.0.1:{port}", RDZV_ID="two-nodes", MAX_RESTARTS="2")
+    command = ["bash", str(PROJECT / "scripts/launch.sh"), *tiny(LONGER, cache_dir, tiny_root)]
+    logs = [tmp_path / f"node{index}.txt" for index in range(2)]
+    nodes = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+             for log in logs]  # two agents on this machine stand for two nodes
+    run_dir = tmp_path / "outputs/torchrun-two-nodes"
+    wait_for(lambda: (run_dir / "last.pt").exists(), *nodes)
+    (worker,) = psutil.Process(nodes[1].pid).children()  # launch.sh execs torchrun, whose one worker this is
+    worker.kill()
+    for node, log in zip(nodes, logs):
+        finish(node, timeout=400)
+        assert node.returncode == 0, log.read_text()[-3000:]
+    assert RESUMED.search((run_dir / "train.log").read_text())
+    assert summary(run_dir)["steps"] == STEPS_WITH_TWO_PROCESSES
 
 
 def test_slurm_launcher_config_composes():

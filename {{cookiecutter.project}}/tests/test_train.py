@@ -1,5 +1,4 @@
 """The real command line: a run resumes from its checkpoint, torchrun works, bad input fails in one line."""
-import json
 import os
 import re
 import shutil
@@ -9,14 +8,10 @@ import sys
 import time
 
 import pytest
-from conftest import CONF
+from conftest import CONF, LONGER, finish, start_cli, summary, wait_for
 
 HYDRA_OWN = {".hydra", "train.log"}
 STEPS_PER_EPOCH = 6  # 3 classes x 8 images, batch 4
-
-
-def summary(run_dir):
-    return json.loads((run_dir / "summary.json").read_text())
 
 
 def test_resume_continues_counting_from_the_checkpoint(tmp_path, train_cli):
@@ -153,37 +148,20 @@ def test_a_diverging_run_stops_with_the_step_and_a_hint(tmp_path, train_cli):
     assert result.stderr.strip().splitlines()[-1].startswith("error: the training loss became inf or NaN at step ")
 
 
-def start_cli(run_dir, overrides, cache_dir, tiny_root, launcher=(sys.executable,)):
-    """The training command line in the background, as train_cli would run it."""
-    from conftest import CPU_ONLY, PACKAGE, PROJECT, tiny
-
-    command = [*launcher, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *tiny(overrides, cache_dir, tiny_root)]
-    return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **CPU_ONLY})
-
-
-def wait_for(condition, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
-
-
-LONGER = ("data.train_per_class=40", "train.epochs=3")  # 120 images: 30 steps per epoch for one process
 
 
 def test_sigterm_mid_epoch_saves_the_position_and_resume_finishes_the_run(tmp_path, cache_dir, tiny_root,
                                                                           train_cli):
     run_dir = tmp_path / "run"
     process = start_cli(run_dir, LONGER, cache_dir, tiny_root)
-    wait_for(lambda: (run_dir / "tb").is_dir() and any((run_dir / "tb").glob("events.*"))
-             and (run_dir / "train.log").exists() and "resnet18 on cpu" in (run_dir / "train.log").read_text())
+    log_file = run_dir / "train.log"
+    wait_for(lambda: any((run_dir / "tb").glob("events.*")) and log_file.exists()
+             and "resnet18 on cpu" in log_file.read_text(), process)
     time.sleep(1.0)
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=300)
+    stderr = finish(process, timeout=300)
     assert process.returncode == 0, stderr[-3000:]
-    stopped = re.search(r"stopped by SIGTERM at step (\d+) \(epoch (\d+), batch (\d+)\)",
-                        (run_dir / "train.log").read_text())
+    stopped = re.search(r"stopped by SIGTERM at step (\d+) \(epoch (\d+), batch (\d+)\)", log_file.read_text())
     assert stopped, stderr[-3000:]
     step = int(stopped[1])
     assert 0 < step < 90 and not (run_dir / "summary.json").exists()
@@ -196,3 +174,4 @@ def test_sigterm_mid_epoch_saves_the_position_and_resume_finishes_the_run(tmp_pa
 
     windows = torch.load(run_dir / "last.pt", weights_only=False)["windows"]
     assert sum(window["steps"] for window, _ in windows) == 90  # the summary's windows span the whole run
+

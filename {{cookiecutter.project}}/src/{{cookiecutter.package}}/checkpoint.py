@@ -67,3 +67,19 @@ def load(path: Path, device: torch.device) -> dict:
         return torch.load(path, map_location=device)
     except Exception as err:  # torch raises RuntimeError, EOFError or UnpicklingError for a damaged file
         raise ConfigError(f"resume: {path} is not a readable checkpoint ({err.__class__.__name__}: {err})") from err
+
+
+def resume_state(resume: str | None, run_dir: Path, world) -> tuple[Path | None, dict | None]:
+    """find() and load() in every process of `world`, all of which must arrive at the same step.
+
+    They would not where the nodes of a torchrun job each see a run folder of their own: one would resume,
+    another start afresh, and their collectives would no longer match.
+    """
+    path = find(resume, run_dir)
+    state = load(path, world.device) if path else None
+    step = state["step"] if state else -1  # -1: starting from scratch
+    if world.max(step) != -world.max(-step):
+        raise ConfigError(f"the processes of this job found different checkpoints to resume from (this one: "
+                          f"{path or 'none'}); on several nodes the run folder ({run_dir}) must be on storage "
+                          "that all of them share")
+    return path, state

@@ -15,6 +15,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from .config import ConfigError
+
 
 @dataclass
 class World:
@@ -67,9 +69,33 @@ def setup(timeout_min: float = 30.0) -> World:
     else:
         device = torch.device("cpu")
     if size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=datetime.timedelta(minutes=timeout_min))
+        timeout = datetime.timedelta(minutes=timeout_min)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
+                                store=restart_store(timeout), rank=rank, world_size=size)
     return World(rank, local_rank, size, device)
+
+
+def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """The key-value store the process group is set up through, kept apart for each elastic restart.
+
+    torchrun hands its workers the rendezvous's TCP store, and keeps that same store across restarts
+    (pytorch/pytorch#135712): a restarted group that joins through it can read the previous group's
+    addresses and fail with "connectFullMesh ... Connection refused", or hang. On one node every worker
+    has the same TORCHELASTIC_RESTART_COUNT, so it names a fresh key space for each restart. On several
+    nodes it does not (only the failed node's agent counts the restart), so there restarts need torchrun
+    to give each restart its own store: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
+    None means torchrun's default (env://), which is right outside that case.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    if int(os.environ.get("GROUP_WORLD_SIZE", 1)) > 1:
+        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0:
+            raise ConfigError("torchrun --max-restarts on several nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+                              "in torchrun's environment, or restarted workers may join through stale addresses "
+                              "(pytorch/pytorch#135712); scripts/launch.sh sets it")
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
 
 
 def run_name() -> str:

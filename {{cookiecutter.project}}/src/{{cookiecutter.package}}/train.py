@@ -99,8 +99,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     if cfg.train.max_steps > 0:
         total_steps = min(total_steps, cfg.train.max_steps)
     scheduler = build(cfg.schedule, optimizer=optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
-    resume_from = checkpoint.find(cfg.resume, run_dir)
-    state = checkpoint.load(resume_from, device) if resume_from else None
+    resume_from, state = checkpoint.resume_state(cfg.resume, run_dir, world)
     writes = world.is_main  # the other ranks get objects that write nothing
     run = Run(model, optimizer, scheduler, torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
               precision, *loaders, Clock(device), SystemMonitor(device),
@@ -240,8 +239,8 @@ OmegaConf.register_new_resolver("rank_suffix", distributed.rank_suffix, replace=
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
 @record  # inside hydra.main, which would otherwise swallow the exception: torchrun's summary gets the traceback
 def main(cfg: DictConfig) -> None:
-    world = distributed.setup(cfg.distributed.timeout_min)
     try:
+        world = distributed.setup(cfg.distributed.timeout_min)
         train(cfg, Path(HydraConfig.get().runtime.output_dir), world)
     except ClearError as err:
         sys.exit(f"error: {err}")
