@@ -9,12 +9,13 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from {{ cookiecutter.package }}.config import ConfigError
 from {{ cookiecutter.package }}.data import ToDevice
 from {{ cookiecutter.package }}.decoder import pil
-from {{ cookiecutter.package }}.prefetcher import cuda_stream, none, thread
+from {{ cookiecutter.package }}.prefetcher import cuda_stream, none, resident, thread
 
 CPU = torch.device("cpu")
 PREFETCHERS = sorted(path.stem for path in (CONF / "prefetcher").glob("*.yaml"))
 MAKERS = {"none": none, "thread": lambda loader, to_device: thread(loader, to_device, depth=2),
-          "cuda_stream": cuda_stream}
+          "cuda_stream": cuda_stream, "resident": resident}
+REPLAYS = {"resident"}  # hands out one batch again and again, by design
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -31,7 +32,8 @@ def test_every_prefetcher_has_a_maker():
     assert set(PREFETCHERS) == set(MAKERS)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=gpu) if n == "cuda_stream" else n for n in PREFETCHERS])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=gpu) if n == "cuda_stream" else n
+                                  for n in PREFETCHERS if n not in REPLAYS])
 def test_yields_exactly_the_plain_batches(name):
     loader = uint8_batches()
     to_device = ToDevice(pil(), device_for(name), non_blocking=True)
@@ -43,6 +45,26 @@ def test_yields_exactly_the_plain_batches(name):
         assert len(got) == len(expected)
         for (images, labels), (want_images, want_labels) in zip(got, expected):
             assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+
+
+def test_resident_replays_the_first_batch_without_loading_again():
+    loaded = []
+
+    class Counted(Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, index):
+            loaded.append(index)
+            return torch.full((2, 2, 3), index, dtype=torch.uint8), index
+
+    batches = resident(DataLoader(Counted(), batch_size=3), ToDevice(pil(), CPU, False))
+    steps = list(batches)
+    assert len(steps) == len(batches) == 4 and steps[0][1].tolist() == [0, 1, 2]
+    assert all(images is steps[0][0] for images, _ in steps)
+    batches.set_epoch(1, skip_batches=3)
+    assert len(list(batches)) == 1  # a resumed epoch replays only the batches it has left
+    assert loaded == [0, 1, 2]  # one batch was ever loaded
 
 
 def test_thread_prefetcher_runs_ahead_in_the_background():

@@ -1,10 +1,13 @@
-"""How batches reach the device: `prefetcher=none|thread|cuda_stream`.
+"""How batches reach the device: `prefetcher=none|thread|cuda_stream|resident`.
 
 Each wraps the DataLoader, keeps its len and sampler, and yields (normalised images, labels) on the device.
 - `none`: copy and normalise in the training thread, just before the step.
 - `thread`: a background thread keeps `depth` batches copied and normalised ahead (pick when the host
   side of a batch, collation and the copy, shows up as data time).
 - `cuda_stream`: the copy and normalisation of batch i+1 run on a side CUDA stream while batch i computes.
+- `resident`: no loading at all. The first batch stays on the device and is replayed for every step: the
+  compute ceiling, timed by the same loop as the real pipelines it is compared with. (Validation scores
+  are then those of one batch.)
 """
 import queue
 import threading
@@ -107,6 +110,23 @@ class CudaStreamPrefetcher(NoPrefetcher):
             yield images, labels
 
 
+class ResidentBatch(NoPrefetcher):
+    """The first batch, copied and normalised once, then handed out as many times as the loader has batches."""
+
+    def __init__(self, loader: DataLoader, to_device: ToDevice):
+        super().__init__(loader, to_device)
+        self.batch, self.skip_batches = None, 0
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        self.skip_batches = skip_batches
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.batch is None:
+            self.batch = self.to_device(next(iter(self.loader)))
+        for _ in range(len(self) - self.skip_batches):
+            yield self.batch
+
+
 def none(loader: DataLoader, to_device: ToDevice) -> NoPrefetcher:
     return NoPrefetcher(loader, to_device)
 
@@ -122,3 +142,7 @@ def cuda_stream(loader: DataLoader, to_device: ToDevice) -> NoPrefetcher:
         raise ConfigError("prefetcher=cuda_stream overlaps copies on a CUDA stream and this run has no GPU: "
                           "pick prefetcher=thread")
     return CudaStreamPrefetcher(loader, to_device)
+
+
+def resident(loader: DataLoader, to_device: ToDevice) -> NoPrefetcher:
+    return ResidentBatch(loader, to_device)

@@ -25,6 +25,7 @@ from .clock import Clock, Window
 from .config import ClearError, build, check
 from .data import make_loaders
 from .distributed import World
+from .evaluate import evaluate
 from .logger import NullLogger
 from .model import compiled
 from .precision import Precision, make_precision
@@ -161,26 +162,8 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     return run.batch_in_epoch == len(run.train_loader)
 
 
-def accuracy(output: torch.Tensor, target: torch.Tensor, topk: tuple[int, ...]) -> torch.Tensor:
-    """How many samples have the target among the top k outputs, for each k (a tensor, so no sync)."""
-    ranked = output.topk(min(max(topk), output.shape[1]), dim=1).indices
-    hits = ranked.eq(target[:, None])
-    return torch.stack([hits[:, :k].any(dim=1).sum() for k in topk])
-
-
-@torch.no_grad()
-def evaluate(run: Run) -> tuple[float, float]:
-    run.model.eval()
-    counts = torch.zeros(3, device=run.device, dtype=torch.long)  # top-1 hits, top-5 hits, images
-    for batch_index, (images, labels) in enumerate(run.val_loader):
-        if batch_index == run.limit_val_batches:
-            break
-        with run.precision.autocast():
-            output = run.model(images)
-        counts[:2] += accuracy(output, labels, topk=(1, 5))
-        counts[2] += len(labels)
-    hits1, hits5, seen = run.world.sum(counts).tolist()
-    top1, top5 = 100 * hits1 / max(1, seen), 100 * hits5 / max(1, seen)
+def validate(run: Run) -> tuple[float, float]:
+    top1, top5 = evaluate(run.model, run.val_loader, run.precision, run.world, run.limit_val_batches)
     run.logger.scalars({"val/top1": top1, "val/top5": top5}, run.step)
     log.info("epoch %d step %d: val top-1 %.2f%%, top-5 %.2f%%", run.epoch, run.step, top1, top5)
     return top1, top5
@@ -198,7 +181,8 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, skipped_files
     return {"images_per_s": total.images_per_s, "data_ms": run.world.max(total.data_ms),  # the slowest rank's
             "compute_ms": total.compute_ms, "data_frac": total.data_frac, "verdict": verdict, "advice": advice,
             "val_top1": top1, "val_top5": top5, "steps": run.step, "skipped_files": skipped_files,
-            "skipped_steps": int(run.precision.skipped), "choices": choices, "system": system,
+            "skipped_steps": int(run.precision.skipped), "choices": choices,
+            "overrides": list(HydraConfig.get().overrides.task), "system": system,
             "env": environment(run.device)}
 
 
@@ -215,7 +199,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
             while run.epoch < cfg.train.epochs and not run.out_of_steps:
                 if train_one_epoch(run, run.epoch):
                     run.epoch, run.batch_in_epoch = run.epoch + 1, 0
-                scores = evaluate(run)
+                scores = validate(run)
                 run.checkpoints.save(run.state())
     except Preempted as stop:
         run.checkpoints.save(run.state())
@@ -223,7 +207,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
         log.info("stopped by %s at step %d (epoch %d, batch %d); checkpoint saved: continue with resume=auto "
                  "hydra.run.dir=%s", stop, run.step, run.epoch, run.batch_in_epoch, run_dir)
         return {}
-    top1, top5 = scores or evaluate(run)  # a resumed run that had nothing left still reports its accuracy
+    top1, top5 = scores or validate(run)  # a resumed run that had nothing left still reports its accuracy
     run.logger.close()
     summary = summarize(run, cfg, top1, top5, splits.skipped_files(world), num_workers)
     if world.is_main:

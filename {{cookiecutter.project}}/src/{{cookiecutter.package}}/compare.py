@@ -1,0 +1,66 @@
+"""Finished runs side by side: one Markdown row per run, its throughput as a ratio to the first run's.
+
+    python -m {{ cookiecutter.package }}.train --multirun model.name=resnet50 prefetcher=resident \
+        precision=fp32,bf16 model.channels_last=false,true model.compile=false,true
+    python -m {{ cookiecutter.package }}.compare multirun/2026-11-21/10-00-00
+
+Columns are the overrides that differ between the runs; those they share are listed above the table.
+With `prefetcher=resident` as the first run (`prefetcher=resident,cuda_stream`), the ratio of each other
+run is the share of the compute ceiling that its data pipeline reaches.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import ClearError
+
+
+def job_order(path: Path) -> tuple[str, ...]:
+    """Hydra's job folders 0, 1, ..., 10 in numeric order."""
+    return tuple(part.zfill(9) if part.isdigit() else part for part in path.parts)
+
+
+def load_runs(folders: list[Path]) -> list[tuple[dict[str, str], dict]]:
+    """(overrides as key -> value, summary) for every summary.json under `folders`, in job order."""
+    runs = []
+    for folder in folders:
+        paths = sorted(folder.glob("**/summary.json"), key=lambda path: job_order(path.relative_to(folder)))
+        if not paths:
+            raise ClearError(f"no summary.json under {folder}: is it the folder of finished runs?")
+        for path in paths:
+            try:
+                summary = json.loads(path.read_text())
+                overrides = dict(override.partition("=")[::2] for override in summary["overrides"])
+                runs.append((overrides, summary))
+            except (ValueError, KeyError) as err:
+                raise ClearError(f"{path} is not a summary this version writes ({err})") from err
+    return runs
+
+
+def table(runs: list[tuple[dict[str, str], dict]]) -> str:
+    keys = list(dict.fromkeys(key for overrides, _ in runs for key in overrides))
+    varying = [key for key in keys if len({overrides.get(key) for overrides, _ in runs}) > 1]
+    shared = [f"{key}={runs[0][0][key]}" for key in keys if key not in varying and key in runs[0][0]]
+    first = runs[0][1]["images_per_s"]
+    header = [*varying, "images/s", "data wait", "× first"]
+    rows = [[overrides.get(key, "") for key in varying]
+            + [f"{summary['images_per_s']:.1f}", f"{100 * summary['data_frac']:.0f}%",
+               f"{summary['images_per_s'] / first:.2f}"] for overrides, summary in runs]
+    devices = sorted({summary["env"]["device"] for _, summary in runs})
+    return "\n".join([f"on {', '.join(devices)}; every run: {' '.join(shared) or '(no shared overrides)'}", "",
+                      "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                      *("| " + " | ".join(row) + " |" for row in rows)])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="run or multirun folders holding summary.json files")
+    try:
+        print(table(load_runs(parser.parse_args(argv).folders)))
+    except ClearError as err:
+        sys.exit(f"error: {err}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""compare: finished runs side by side, here the resident-batch ceiling beside a real pipeline."""
+import subprocess
+import sys
+
+from conftest import PACKAGE, PROJECT, summary
+
+
+def compare(*folders) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"{PACKAGE}.compare", *map(str, folders)], cwd=PROJECT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_ceiling_and_a_real_pipeline_side_by_side(tmp_path, train_cli):
+    sweep = tmp_path / "sweep"
+    train_cli(tmp_path / "unused", "hydra.mode=MULTIRUN", f"hydra.sweep.dir={sweep}", "prefetcher=resident,none")
+    ceiling, real = summary(sweep / "0"), summary(sweep / "1")
+    assert (ceiling["choices"]["prefetcher"], real["choices"]["prefetcher"]) == ("resident", "none")
+    assert ceiling["data_frac"] < real["data_frac"]  # the resident batch waits for no loading
+    assert ceiling["steps"] == real["steps"]
+
+    result = compare(sweep)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "model.name=resnet18" in lines[0] and "prefetcher" not in lines[0]  # shared settings above the table
+    assert lines[2] == "| prefetcher | images/s | data wait | × first |"
+    assert lines[4].startswith("| resident |") and lines[4].endswith("| 1.00 |")
+    ratio = real["images_per_s"] / ceiling["images_per_s"]
+    assert lines[5] == f"| none | {real['images_per_s']:.1f} | {100 * real['data_frac']:.0f}% | {ratio:.2f} |"
+
+
+def test_a_folder_without_finished_runs_is_refused_in_one_line(tmp_path):
+    result = compare(tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"error: no summary.json under {tmp_path}: is it the folder of finished runs?"
