@@ -32,3 +32,11 @@ def test_a_folder_without_finished_runs_is_refused_in_one_line(tmp_path):
     result = compare(tmp_path)
     assert result.returncode == 1
     assert result.stderr.strip() == f"error: no summary.json under {tmp_path}: is it the folder of finished runs?"
+
+
+def test_a_summary_without_the_overrides_is_refused_in_one_line(tmp_path):
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0/summary.json").write_text('{"images_per_s": 10.0, "data_frac": 0.1}')
+    result = compare(tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().endswith("has no overrides, env: it comes from an older version of the project")

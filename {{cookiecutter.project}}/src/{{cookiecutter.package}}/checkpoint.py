@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from .config import ClearError, ConfigError
+from .distributed import World
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def load(path: Path, device: torch.device) -> dict:
         raise ConfigError(f"resume: {path} is not a readable checkpoint ({err.__class__.__name__}: {err})") from err
 
 
-def resume_state(resume: str | None, run_dir: Path, world) -> tuple[Path | None, dict | None]:
+def resume_state(resume: str | None, run_dir: Path, world: World) -> tuple[Path | None, dict | None]:
     """find() and load() in every process of `world`, all of which must arrive at the same step.
 
     They would not where the nodes of a torchrun job each see a run folder of their own: one would resume,

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from .config import ClearError
 
+SUMMARY_KEYS = ("overrides", "images_per_s", "data_frac", "env")  # what the table reads
+
 
 def job_order(path: Path) -> tuple[str, ...]:
     """Hydra's job folders 0, 1, ..., 10 in numeric order."""
@@ -31,10 +33,12 @@ def load_runs(folders: list[Path]) -> list[tuple[dict[str, str], dict]]:
         for path in paths:
             try:
                 summary = json.loads(path.read_text())
-                overrides = dict(override.partition("=")[::2] for override in summary["overrides"])
-                runs.append((overrides, summary))
-            except (ValueError, KeyError) as err:
-                raise ClearError(f"{path} is not a summary this version writes ({err})") from err
+            except ValueError as err:
+                raise ClearError(f"{path} is not JSON ({err})") from err
+            missing = [key for key in SUMMARY_KEYS if key not in summary]
+            if missing:
+                raise ClearError(f"{path} has no {', '.join(missing)}: it comes from an older version of the project")
+            runs.append((dict(override.partition("=")[::2] for override in summary["overrides"]), summary))
     return runs
 
 
