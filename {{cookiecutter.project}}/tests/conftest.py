@@ -129,14 +129,19 @@ def compose_tiny(cache_dir, tiny_root, packs):
     return composed
 
 
+def cli_command(run_dir: Path, overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path,
+                launcher: tuple[str, ...] = (sys.executable,)) -> list[str]:
+    """`python -m PACKAGE.train` (or `launcher` ... -m PACKAGE.train) on tiny data, writing into `run_dir`."""
+    return [*launcher, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *tiny(overrides, cache_dir, tiny_root)]
+
+
 @pytest.fixture
 def train_cli(cache_dir, tiny_root, packs):
     """train_cli(run_dir, *overrides) runs `python -m PACKAGE.train` as a user would, on tiny data."""
 
     def run(run_dir: Path, *overrides: str, check: bool = True,
             launcher: tuple[str, ...] = (sys.executable,)) -> subprocess.CompletedProcess:
-        command = [*launcher, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}",
-                   *tiny(overrides, cache_dir, tiny_root)]
+        command = cli_command(run_dir, overrides, cache_dir, tiny_root, launcher)
         result = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=600,
                                 env={**os.environ, **CPU_ONLY})
         if check and result.returncode != 0:
@@ -156,7 +161,7 @@ LONGER = ("data.train_per_class=40", "train.epochs=3")  # 120 images: 30 steps p
 def start_cli(run_dir: Path, overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path,
               launcher: tuple[str, ...] = (sys.executable,)) -> subprocess.Popen:
     """The training command line in the background, as train_cli would run it."""
-    command = [*launcher, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *tiny(overrides, cache_dir, tiny_root)]
+    command = cli_command(run_dir, overrides, cache_dir, tiny_root, launcher)
     return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **CPU_ONLY})
 
