@@ -9,7 +9,13 @@ DEMO_PROJECT := $(DEMO_DIR)/fasttrain-project
 DEMO_OVERRIDES := hydra.run.dir=outputs/demo model.name=resnet18 data.crop_size=112 data.val_resize=128 \
 	train.batch_size=32 train.epochs=4
 
-.PHONY: demo test clean
+# make gpu-check: GPU_PYTHON (default python3) is the GPU machine's Python with its CUDA torch.
+# make wheelhouse: WHEEL_PYTHON (such as 3.12) and WHEELHOUSE_SKIP ("torch torchvision ...") describe the target.
+WHEELHOUSE ?= wheelhouse
+WHEEL_PYTHON ?=
+WHEELHOUSE_SKIP ?=
+
+.PHONY: demo test gpu-check wheelhouse clean
 
 $(VENV)/installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +30,12 @@ demo: $(VENV)/installed
 
 test: $(VENV)/installed
 	$(PY) -m pytest tests
+
+gpu-check:
+	@WHEELHOUSE=$(WHEELHOUSE) bash tools/gpu_check.sh
+
+wheelhouse: $(VENV)/installed
+	$(PY) tools/wheelhouse.py --out $(WHEELHOUSE) --python "$(WHEEL_PYTHON)" --skip "$(WHEELHOUSE_SKIP)" requirements.txt
 
 clean:
 	rm -rf $(VENV) build

@@ -96,10 +96,11 @@ def test_baked_project_passes_its_own_tests(installed):
     assert " passed" in result.stdout and " failed" not in result.stdout
 
 
-REQUIRED_TAGS = {"time/data_ms", "time/compute_ms", "time/data_frac", "throughput/images_per_s", "train/loss",
+REQUIRED_TAGS = {"time/data_ms", "time/host_ms", "time/compute_ms", "time/data_frac", "time/host_frac",
+                 "throughput/images_per_s", "train/loss",
                  "train/lr", "val/top1", "val/top5", "sys/cpu_util", "sys/iowait", "sys/disk_read_mb_s"}
-SUMMARY_KEYS = {"images_per_s", "data_ms", "compute_ms", "data_frac", "verdict", "advice", "val_top1", "val_top5",
-                "steps", "skipped_files", "choices", "env"}
+SUMMARY_KEYS = {"images_per_s", "data_ms", "host_ms", "compute_ms", "data_frac", "host_frac", "bound", "verdict",
+                "advice", "val_top1", "val_top5", "steps", "skipped_files", "processes", "timing_rank", "choices", "env"}
 
 
 def test_training_run_reports_where_the_time_went(installed, tmp_path):
@@ -121,7 +122,8 @@ def test_training_run_reports_where_the_time_went(installed, tmp_path):
     assert SUMMARY_KEYS <= set(summary)
     assert summary["steps"] == 30 and summary["skipped_files"] == 0
     assert summary["images_per_s"] > 0 and 0 <= summary["data_frac"] <= 1
-    assert summary["data_ms"] + summary["compute_ms"] > 0
+    assert summary["data_ms"] + summary["compute_ms"] > 0 and summary["host_ms"] == 0.0  # none on the CPU
+    assert summary["bound"] in ("data", "compute") and summary["processes"] == 1
     assert summary["verdict"].startswith("Data loading is") and summary["advice"]
     assert summary["choices"] == {"data": "synthetic", "format": "folder", "decoder": "turbojpeg", "staging": "none",
                                   "prefetcher": "none", "model": "torchvision", "optim": "sgd",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -22,8 +23,45 @@ TINY_DATA = ["data.num_classes=3", "data.train_per_class=8", "data.val_per_class
              "data.crop_size=32", "data.val_resize=36"]
 TINY_RUN = ["model.name=resnet18", "train.batch_size=4", "train.epochs=1", "train.log_every=2",
             "loader.num_workers=0"]
-CPU_ONLY = {"CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}  # the same runs on any machine
+QUIET = {"PYTHONWARNINGS": "ignore"}
+CPU_ONLY = {**QUIET, "CUDA_VISIBLE_DEVICES": ""}  # for the tests that are about a machine without a GPU
 TINY_OPTIONS = {"profiler=torch": ["profiler.wait=1", "profiler.warmup=1", "profiler.active=1"]}
+
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")  # the machine's own: tests run the GPU paths where there is one
+# Two processes of one job need a GPU each; with fewer, their tests run both on the CPU.
+TWO_PROCESSES = {} if torch.cuda.device_count() >= 2 else {"CUDA_VISIBLE_DEVICES": ""}
+# GPU decoders run their same batched code with the CPU as device on a machine without a GPU.
+CPU_MODE = {"decoder=nvjpeg": ["decoder.decode_device=cpu"], "decoder=dali": ["decoder.device=cpu"]}
+
+
+def on_this_machine(choice: str) -> list[str]:
+    """The overrides that let `choice` run on this machine: its CPU mode where there is no GPU."""
+    return [] if CUDA else CPU_MODE.get(choice, [])
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run the real CUDA paths; without CUDA they are skipped, and say why."""
+    if CUDA:
+        return
+    skip = pytest.mark.skip(reason="gpu: needs CUDA, and torch.cuda.is_available() is False on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def gpu_busy():
+    """gpu_busy(seconds) queues one device op that keeps the GPU busy for about that long, on any card."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # warm-up
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    cycles_per_s = 10_000_000 / (start.elapsed_time(end) / 1000)
+    return lambda seconds: torch.cuda._sleep(int(seconds * cycles_per_s))
 
 
 def encoded(image: Image.Image, format: str = "JPEG", **options) -> bytes:
@@ -139,11 +177,11 @@ def cli_command(run_dir: Path, overrides: tuple[str, ...], cache_dir: Path, tiny
 def train_cli(cache_dir, tiny_root, packs):
     """train_cli(run_dir, *overrides) runs `python -m PACKAGE.train` as a user would, on tiny data."""
 
-    def run(run_dir: Path, *overrides: str, check: bool = True,
-            launcher: tuple[str, ...] = (sys.executable,)) -> subprocess.CompletedProcess:
+    def run(run_dir: Path, *overrides: str, check: bool = True, launcher: tuple[str, ...] = (sys.executable,),
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         command = cli_command(run_dir, overrides, cache_dir, tiny_root, launcher)
         result = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=600,
-                                env={**os.environ, **CPU_ONLY})
+                                env={**os.environ, **QUIET, **(env or {})})
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(command)} failed:\n{result.stderr[-4000:]}")
         return result
@@ -159,11 +197,11 @@ LONGER = ("data.train_per_class=40", "train.epochs=3")  # 120 images: 30 steps p
 
 
 def start_cli(run_dir: Path, overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path,
-              launcher: tuple[str, ...] = (sys.executable,)) -> subprocess.Popen:
+              launcher: tuple[str, ...] = (sys.executable,), env: dict[str, str] | None = None) -> subprocess.Popen:
     """The training command line in the background, as train_cli would run it."""
     command = cli_command(run_dir, overrides, cache_dir, tiny_root, launcher)
     return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **CPU_ONLY})
+                            env={**os.environ, **QUIET, **(env or {})})
 
 
 def stop(process: subprocess.Popen) -> str:

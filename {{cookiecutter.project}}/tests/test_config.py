@@ -4,7 +4,7 @@ import sys
 
 import pytest
 import torch
-from conftest import CONF
+from conftest import CONF, DEVICE
 
 from {{ cookiecutter.package }}.config import ConfigError, build
 from {{ cookiecutter.package }}.data import Source
@@ -96,6 +96,7 @@ def check_prefetcher(prefetcher, cfg, tmp_path, option):
     assert len(prefetcher) == 2
     (images, labels), _ = list(prefetcher)
     assert images.dtype == torch.float32 and images.shape == (3, 3, 4, 4) and labels.tolist() == [0, 1, 2]
+    assert images.device.type == labels.device.type == DEVICE.type
 
 
 def prefetcher_args(tmp_path):
@@ -104,7 +105,7 @@ def prefetcher_args(tmp_path):
 
     images = torch.zeros((6, 4, 4, 3), dtype=torch.uint8)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, torch.arange(6)), batch_size=3)
-    return {"loader": loader, "to_device": ToDevice(pil(), torch.device("cpu"), False)}
+    return {"loader": loader, "to_device": ToDevice(pil(), DEVICE, False)}
 
 
 def format_args(tmp_path, tiny_root):
@@ -137,7 +138,7 @@ def test_every_group_has_a_check():
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes_and_builds(group, option, compose_tiny, tmp_path, tiny_root):
     choice = f"{group}={option}"
-    if choice in GPU_ONLY and not torch.cuda.is_available():
+    if choice in GPU_ONLY and DEVICE.type != "cuda":
         pytest.skip(f"{choice} {GPU_ONLY[choice]} and this machine has no GPU")
     if choice in OPTIONAL:
         pytest.importorskip(OPTIONAL[choice], reason=f"{choice} needs its extra")

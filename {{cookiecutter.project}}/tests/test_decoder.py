@@ -4,7 +4,7 @@ import sys
 import cv2
 import pytest
 import torch
-from conftest import CONF, ODD_FILES, encoded, photo
+from conftest import CONF, DEVICE, ODD_FILES, encoded, on_this_machine, photo
 from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }}.config import ConfigError, build
@@ -15,7 +15,6 @@ from {{ cookiecutter.package }}.staging import no_staging
 from test_data import ALONE, CPU, loader
 
 DECODERS = sorted(path.stem for path in (CONF / "decoder").glob("*.yaml"))
-ON_THE_CPU = {"nvjpeg": ["decoder.decode_device=cpu"], "dali": ["decoder.device=cpu"]}  # same code, CPU device
 NEEDS = {"turbojpeg": "simplejpeg", "dali": "nvidia.dali"}
 
 
@@ -24,15 +23,18 @@ def make_decoder(name: str, size: int, *overrides: str):
         pytest.importorskip(NEEDS[name], reason=f"decoder={name} needs pip install -e '.[{name}]'")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("train", [f"decoder={name}", f"data.crop_size={size}", "train.batch_size=32",
-                                *ON_THE_CPU.get(name, []), *overrides])
+                                *on_this_machine(f"decoder={name}"), *overrides])
     return build(cfg.decoder)
 
 
-def crops(decoder, files: list[bytes], crop, size: int) -> torch.Tensor:
-    """What the training step would receive, before normalisation: workers' transform, collate, upload."""
+def crops(decoder, files: list[bytes], crop, size: int, device: torch.device = DEVICE) -> torch.Tensor:
+    """What the training step would receive, before normalisation: workers' transform, collate, upload to
+    this machine's device; brought back to the CPU to compare."""
     transform = decoder.transform(crop, size)
     images, _ = decoder.collate([(transform(data), 0) for data in files])
-    return decoder.upload(images, CPU, non_blocking=False)
+    uploaded = decoder.upload(images, device, non_blocking=False)
+    assert uploaded.device.type == device.type
+    return uploaded.cpu()
 
 
 def mean_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -81,7 +83,7 @@ def test_decoders_agree_on_a_data_set_labels_and_pixels(name, tiny_root):
     def validation_batch(decoder):
         splits = make_splits(source, stores, decoder)
         images, labels = next(iter(loader(splits.val, 12, False, collate=decoder.collate)))
-        return decoder.upload(images, CPU, False), labels
+        return decoder.upload(images, DEVICE, False).cpu(), labels
 
     (reference, reference_labels), (result, labels) = validation_batch(pil()), validation_batch(make_decoder(name, 224))
     assert torch.equal(labels, reference_labels)
@@ -132,3 +134,15 @@ def test_reduced_scale_decode_stays_close_to_a_full_decode():
     fast = crops(pil(), [data], CenterCrop(64, 73), 64)
     full = crops(make_decoder("torchvision", 64), [data], CenterCrop(64, 73), 64)
     assert mean_difference(fast, full).item() < 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["nvjpeg", "dali"])
+def test_gpu_decoders_decode_whole_batches_on_the_gpu_like_pillow(name):
+    """The real device path: nvJPEG (through torchvision, or DALI's mixed backend), crops and flips on the GPU."""
+    decoder = make_decoder(name, 224)
+    assert decoder.decode_device == "cuda"
+    files = [data for kind, data in ODD_FILES.items() if kind not in ("cmyk", "png_named_jpeg")]  # the GPU's own
+    result = crops(decoder, files, CenterCrop(224, 256), 224)
+    reference = crops(pil(), files, CenterCrop(224, 256), 224, CPU)
+    assert mean_difference(result, reference).max() < 4.0

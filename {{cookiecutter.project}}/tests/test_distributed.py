@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import CONF, CPU_ONLY, LONGER, PROJECT, finish, start_cli, summary, tiny, wait_for
+from conftest import CONF, CPU_ONLY, LONGER, PROJECT, TWO_PROCESSES, finish, start_cli, summary, tiny, wait_for
 from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }}.config import ConfigError
@@ -56,9 +56,9 @@ def test_each_elastic_restart_joins_through_keys_of_its_own(monkeypatch):
     assert restart_store(timeout) is None
 
 
-def launch_env(**settings: str) -> dict[str, str]:
-    """The environment for scripts/launch.sh: this interpreter and this project's source, on the CPU."""
-    return {**os.environ, **CPU_ONLY, **settings,
+def launch_env(devices: dict[str, str], **settings: str) -> dict[str, str]:
+    """The environment for scripts/launch.sh: this interpreter and this project's source, on `devices`."""
+    return {**os.environ, **devices, **settings,
             "PYTHONPATH": os.pathsep.join([str(PROJECT / "src"), os.environ.get("PYTHONPATH", "")]),
             "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])}
 
@@ -66,7 +66,7 @@ def launch_env(**settings: str) -> dict[str, str]:
 def test_launch_script_runs_torchrun_into_one_folder(tmp_path, cache_dir, tiny_root, packs):
     result = subprocess.run(["bash", str(PROJECT / "scripts/launch.sh"), *tiny(("train.epochs=1",), cache_dir,
                                                                                  tiny_root)],
-                            cwd=tmp_path, env=launch_env(NPROC="2"), capture_output=True, text=True, timeout=600)
+                            cwd=tmp_path, env=launch_env(TWO_PROCESSES, NPROC="2"), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "outputs").iterdir()
     assert run_dir.name.startswith("torchrun-")
@@ -84,7 +84,7 @@ def test_elastic_restart_resumes_from_the_checkpoint(tmp_path, cache_dir, tiny_r
     run_dir = tmp_path / "run"
     launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                 "--max-restarts=2")
-    process = start_cli(run_dir, LONGER, cache_dir, tiny_root, launcher=launcher)
+    process = start_cli(run_dir, LONGER, cache_dir, tiny_root, launcher=launcher, env=TWO_PROCESSES)
     wait_for(lambda: (run_dir / "last.pt").exists(), process)
     workers = psutil.Process(process.pid).children()
     assert len(workers) == 2
@@ -101,7 +101,8 @@ def test_launch_script_on_two_nodes_resumes_after_a_worker_dies(tmp_path, cache_
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = launch_env(NNODES="2", NPROC="1", MASTER=f"127.0.0.1:{port}", RDZV_ID="two-nodes", MAX_RESTARTS="2")
+    # Both agents run on this machine, so both workers have local rank 0: on GPUs they would share one.
+    env = launch_env(CPU_ONLY, NNODES="2", NPROC="1", MASTER=f"127.0.0.1:{port}", RDZV_ID="two-nodes", MAX_RESTARTS="2")
     command = ["bash", str(PROJECT / "scripts/launch.sh"), *tiny(LONGER, cache_dir, tiny_root)]
     logs = [tmp_path / f"node{index}.txt" for index in range(2)]
     nodes = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -124,3 +125,28 @@ def test_slurm_launcher_config_composes():
     launcher = cfg.hydra.launcher
     assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
     assert launcher.nodes == 2 and launcher.tasks_per_node == launcher.gpus_per_node == 8
+
+
+@pytest.mark.gpu
+def test_nccl_group_of_one_process_all_reduces_and_wraps_a_model(tmp_path):
+    script = """
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+device = torch.device("cuda", 0)
+torch.cuda.set_device(device)
+dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+value = torch.full((3,), 2.0, device=device)
+dist.all_reduce(value)
+model = DistributedDataParallel(torch.nn.Linear(4, 2).to(device), device_ids=[device])
+model(torch.randn(8, 4, device=device)).sum().backward()
+print("backend", dist.get_backend(), "sum", value.tolist(), "grad", model.module.weight.grad.abs().sum().item() > 0)
+dist.destroy_process_group()
+"""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "PORT": str(port)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "backend nccl sum [2.0, 2.0, 2.0] grad True" in result.stdout

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import CONF, CPU_ONLY, PACKAGE, PROJECT, TENSOR_SHORT_SIDE
+from conftest import CONF, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE
 from PIL import Image
 
 from {{ cookiecutter.package }}.config import ClearError, ConfigError
@@ -139,7 +139,7 @@ def test_pack_command_line_reports_once_and_refuses_to_overwrite(tiny_root, tmp_
 
     def run():
         return subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, **CPU_ONLY})
+                              env={**os.environ, **QUIET})
 
     first, again = run(), run()
     assert first.returncode == 0, first.stderr[-2000:]

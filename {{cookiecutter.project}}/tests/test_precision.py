@@ -104,3 +104,29 @@ def test_compile_is_done_before_training_and_leaves_no_trace(caplog):
     model.eval()
     assert torch.allclose(fast(images), model(images), atol=1e-5)
     assert compiled(model, False, images.shape, Precision("fp32", CPU)) is model
+
+
+@pytest.mark.gpu
+def test_fp16_on_the_gpu_scales_the_loss_and_counts_a_skipped_step():
+    gpu = torch.device("cuda")
+    precision, model = Precision("fp16", gpu), tiny_model().to(gpu)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    images = torch.randn(2, 3, 8, 8, device=gpu)
+
+    def step(number: int, scale_loss: float) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with precision.autocast():
+            output = model(images)
+            assert output.dtype == torch.float16
+            loss = output.float().sum() * scale_loss
+        precision.step(loss, optimizer, number)
+
+    scale = precision.scaler.get_scale()
+    before = [p.detach().clone() for p in model.parameters()]
+    step(1, float("inf"))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the overflowing step was skipped
+    assert int(precision.skipped) == 1 and precision.scaler.get_scale() == scale / 2
+    step(2, 1.0)
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert int(precision.skipped) == 1
+    precision.check()

@@ -1,9 +1,10 @@
 """Prefetchers hand over the same batches as the plain loader, keep its length and sampler, and stop cleanly."""
 import threading
+import time
 
 import pytest
 import torch
-from conftest import CONF
+from conftest import CONF, DEVICE
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from {{ cookiecutter.package }}.config import ConfigError
@@ -16,7 +17,6 @@ PREFETCHERS = sorted(path.stem for path in (CONF / "prefetcher").glob("*.yaml"))
 MAKERS = {"none": none, "thread": lambda loader, to_device: thread(loader, to_device, depth=2),
           "cuda_stream": cuda_stream, "resident": resident}
 REPLAYS = {"resident"}  # hands out one batch again and again, by design
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def uint8_batches() -> DataLoader:
@@ -24,19 +24,15 @@ def uint8_batches() -> DataLoader:
     return DataLoader(TensorDataset(images, torch.arange(10)), batch_size=3)
 
 
-def device_for(name: str) -> torch.device:
-    return torch.device("cuda") if name == "cuda_stream" else CPU
-
-
 def test_every_prefetcher_has_a_maker():
     assert set(PREFETCHERS) == set(MAKERS)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=gpu) if n == "cuda_stream" else n
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.gpu) if n == "cuda_stream" else n
                                   for n in PREFETCHERS if n not in REPLAYS])
 def test_yields_exactly_the_plain_batches(name):
     loader = uint8_batches()
-    to_device = ToDevice(pil(), device_for(name), non_blocking=True)
+    to_device = ToDevice(pil(), DEVICE, non_blocking=True)
     expected = [to_device(batch) for batch in loader]
     prefetched = MAKERS[name](loader, to_device)
     assert len(prefetched) == len(loader) == 4
@@ -108,3 +104,51 @@ def test_cuda_stream_is_refused_without_a_gpu(monkeypatch):
         cuda_stream(uint8_batches(), ToDevice(pil(), CPU, False))
     with pytest.raises(ConfigError, match="prefetcher.depth=0"):
         thread(uint8_batches(), ToDevice(pil(), CPU, False), depth=0)
+
+
+class PinnedBatches:
+    """Ready uint8 batches in page-locked memory, as pinned loader workers hand them over, at no host cost."""
+
+    def __init__(self, count: int, shape: tuple[int, ...]):
+        self.batches = [(torch.randint(0, 256, shape, dtype=torch.uint8).pin_memory(), torch.arange(shape[0]))
+                        for _ in range(count)]
+        self.sampler, self.batch_size = None, shape[0]
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+@pytest.mark.gpu
+def test_cuda_stream_copies_on_a_side_stream_while_the_step_computes(gpu_busy):
+    loader = PinnedBatches(12, (16, 512, 512, 3))  # 12 MB a batch: about a millisecond to copy
+    plain = ToDevice(pil(), DEVICE, non_blocking=True)
+    streams = []
+
+    def to_device(batch):
+        streams.append(torch.cuda.current_stream())
+        return plain(batch)
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    plain(loader.batches[0])
+    end.record()
+    end.synchronize()
+    copy_s = start.elapsed_time(end) / 1000
+
+    def epoch_seconds(prefetcher) -> float:
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        for images, _ in prefetcher:
+            gpu_busy(copy_s)  # a step that computes as long as a copy takes
+            images.sum()
+        torch.cuda.synchronize()
+        return time.perf_counter() - began
+
+    epoch_seconds(none(loader, plain))  # warm-up
+    serial, overlapped = epoch_seconds(none(loader, plain)), epoch_seconds(cuda_stream(loader, to_device))
+    main = torch.cuda.default_stream()
+    assert len(streams) == len(loader) and all(stream != main for stream in streams)
+    assert overlapped < 0.8 * serial, (overlapped, serial, copy_s)

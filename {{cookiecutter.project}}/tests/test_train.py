@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import CONF, LONGER, finish, start_cli, summary, wait_for
+from conftest import CONF, CPU_ONLY, CUDA, LONGER, TWO_PROCESSES, finish, on_this_machine, start_cli, summary, wait_for
 
 HYDRA_OWN = {".hydra", "train.log"}
 STEPS_PER_EPOCH = 6  # 3 classes x 8 images, batch 4
@@ -56,7 +56,6 @@ def test_options_take_effect_through_the_loop(option, written, absent, tmp_path,
 
 DATA_GROUPS = ("decoder", "format", "staging", "prefetcher")
 DATA_OPTIONS = sorted((path.parent.name, path.stem) for group in DATA_GROUPS for path in (CONF / group).glob("*.yaml"))
-ON_THE_CPU = {"decoder=nvjpeg": ["decoder.decode_device=cpu"], "decoder=dali": ["decoder.device=cpu"]}
 GPU_ONLY = {"prefetcher=cuda_stream": "overlaps copies on a CUDA stream"}
 OPTIONAL = {"decoder=turbojpeg": "simplejpeg", "decoder=dali": "nvidia.dali", "format=lmdb": "lmdb"}
 
@@ -64,12 +63,12 @@ OPTIONAL = {"decoder=turbojpeg": "simplejpeg", "decoder=dali": "nvidia.dali", "f
 @pytest.mark.parametrize(("group", "option"), DATA_OPTIONS, ids=[f"{g}={o}" for g, o in DATA_OPTIONS])
 def test_every_data_option_trains_through_the_command_line(group, option, tmp_path, train_cli):
     choice = f"{group}={option}"
-    if choice in GPU_ONLY:
-        pytest.skip(f"{choice} {GPU_ONLY[choice]}; this run is CPU-only")
+    if choice in GPU_ONLY and not CUDA:
+        pytest.skip(f"{choice} {GPU_ONLY[choice]} and this machine has no GPU")
     if choice in OPTIONAL:
         pytest.importorskip(OPTIONAL[choice], reason=f"{choice} needs its extra")
     run_dir = tmp_path / "run"
-    train_cli(run_dir, choice, *ON_THE_CPU.get(choice, []), "loader.num_workers=1")
+    train_cli(run_dir, choice, *on_this_machine(choice), "loader.num_workers=1")
     result = summary(run_dir)
     assert result["choices"][group] == option and result["steps"] == STEPS_PER_EPOCH
     assert result["images_per_s"] > 0 and 0 <= result["val_top1"] <= 100
@@ -96,7 +95,7 @@ BAD_INPUT = {
 @pytest.mark.parametrize("overrides", BAD_INPUT.values(), ids=BAD_INPUT.keys())
 def test_bad_input_fails_with_one_clear_line(overrides, tmp_path, train_cli):
     run_dir = tmp_path / "run"
-    result = train_cli(run_dir, *overrides, check=False)
+    result = train_cli(run_dir, *overrides, check=False, env=CPU_ONLY)  # some are refusals of a GPU-less machine
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     key = overrides[-1].split("=")[0]
@@ -105,12 +104,37 @@ def test_bad_input_fails_with_one_clear_line(overrides, tmp_path, train_cli):
     assert written <= HYDRA_OWN
 
 
+STARVED_OR_NOT = ("precision=fp32", "data.crop_size=64", "data.val_resize=73", "data.train_per_class=64",
+                  "train.batch_size=32", "train.epochs=4", "train.max_steps=24", "train.log_every=6",
+                  "train.limit_val_batches=1")
+
+
+@pytest.mark.parametrize(("overrides", "bound"), [(("loader.num_workers=0", "decoder=pil"), "data"),
+                                                  (("prefetcher=resident",), "compute")], ids=["starved", "resident"])
+def test_the_report_tells_a_starved_pipeline_from_the_compute_ceiling(overrides, bound, tmp_path, train_cli):
+    """ResNet-18 at 64 pixels in fp32: decoding in the training process waits for data; the resident batch never."""
+    train_cli(tmp_path / "run", *STARVED_OR_NOT, *overrides)
+    result = summary(tmp_path / "run")
+    assert result["bound"] == bound, result["verdict"]
+    assert result["verdict"].startswith("Data loading is a" if bound == "data" else "Data loading is not")
+    assert (result["data_frac"] < 0.02) == (bound == "compute")
+
+
+def consistent(result: dict, batch_size: int) -> bool:
+    """Throughput and the three per-step times come from the same windows: images/s = batch / step time."""
+    step_ms = result["data_ms"] + result["host_ms"] + result["compute_ms"]
+    return result["images_per_s"] == pytest.approx(1000 * batch_size / step_ms, rel=1e-6)
+
+
 def test_torchrun_two_processes_share_one_run_folder(tmp_path, train_cli):
     run_dir = tmp_path / "run"
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    train_cli(run_dir, "train.epochs=2", "staging=tmpfs", f"staging.dir={tmp_path / 'shm'}", launcher=launcher)
+    train_cli(run_dir, "train.epochs=2", "staging=tmpfs", f"staging.dir={tmp_path / 'shm'}", launcher=launcher,
+              env=TWO_PROCESSES)
     # 24 training images, 2 processes, batch 4 each: 3 steps per epoch per process.
     assert summary(run_dir)["steps"] == 2 * 3
+    assert summary(run_dir)["processes"] == 2 and summary(run_dir)["timing_rank"] in (0, 1)
+    assert consistent(summary(run_dir), batch_size=4)  # every timing figure from one process
     assert (run_dir / "train-rank1.log").exists() and "(2 processes)" in (run_dir / "train-rank1.log").read_text()
     # The same checkpoint evaluated by one process gives the same top-1: no image counted twice or missed.
     single = tmp_path / "single"
@@ -129,6 +153,29 @@ def test_compute_switches_train_on_the_cpu(tmp_path, train_cli):
     train_cli(run_dir, "precision=bf16", "model.channels_last=true", "cudnn=benchmark")
     result = summary(run_dir)
     assert result["steps"] == STEPS_PER_EPOCH and result["skipped_steps"] == 0 and result["images_per_s"] > 0
+
+
+@pytest.mark.gpu
+def test_bf16_channels_last_and_compile_train_on_the_gpu(tmp_path, train_cli):
+    run_dir = tmp_path / "run"
+    train_cli(run_dir, "precision=bf16", "model.channels_last=true", "model.compile=true", "cudnn=benchmark")
+    result = summary(run_dir)
+    assert result["env"]["device"].startswith("cuda") and result["steps"] == STEPS_PER_EPOCH
+    assert result["skipped_steps"] == 0 and result["images_per_s"] > 0
+    assert "model.compile=true: compiled in" in (run_dir / "train.log").read_text()
+
+
+@pytest.mark.gpu
+def test_a_slow_host_on_the_gpu_reads_as_host_overhead(tmp_path, train_cli):
+    """faults.host_delay_ms sleeps before each forward pass: the report must charge it to the host, not to data."""
+    results = {}
+    for delay in (0, 50):
+        train_cli(tmp_path / f"delay{delay}", f"faults.host_delay_ms={delay}", "loader.num_workers=2")
+        results[delay] = summary(tmp_path / f"delay{delay}")
+    slow = results[50]
+    assert slow["bound"] == "host" and slow["verdict"].startswith("The host is the bottleneck"), slow["verdict"]
+    assert slow["host_ms"] - results[0]["host_ms"] == pytest.approx(50, rel=0.3)
+    assert slow["data_frac"] < 0.1
 
 
 def test_deterministic_runs_give_the_same_weights(tmp_path, train_cli):

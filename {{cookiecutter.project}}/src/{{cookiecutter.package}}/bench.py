@@ -3,8 +3,10 @@
     python -m {{ cookiecutter.package }}.bench data.train_per_class=200            # 2000 synthetic JPEGs
     python -m {{ cookiecutter.package }}.bench data=imagenet data.root=/data/imagenet-subset bench.num_workers=[4,8]
 
-Rows measure the DataLoader alone: 224-pixel random-resized-crop and flip, uint8 batches in host memory
-(the float conversion happens later, on the device), timed over whole epochs after a warm-up epoch.
+Rows measure the DataLoader and the upload alone, no model: 224-pixel random-resized-crop and flip,
+ending at uint8 batches on `bench.device` (the float conversion happens later, on the device). For GPU
+decoders (nvjpeg, dali) the upload is where they decode. Timed over whole epochs after a warm-up epoch.
+A decoder this machine cannot run (a GPU decoder without a GPU, a missing extra) gets a row that says why.
 The references, on the same files and worker count:
 - ceiling: the fastest CPU decoder's single-process full-decode rate, times the cores in use;
 - baseline: pytorch/examples' recipe, ImageFolder + PIL + RandomResizedCrop + ToTensor + Normalize in float32.
@@ -37,17 +39,35 @@ log = logging.getLogger(__name__)
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
 COLUMNS = ("decoder", "format", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling", "page_cache", "note")
+CONF = Path(__file__).resolve().parents[2] / "conf"  # main()'s config_path
 
 
-def time_epochs(loader, epochs: int) -> float:
-    """Images per second over `epochs` whole passes, after one untimed pass."""
-    for _ in loader:
-        pass
+def time_epochs(loader, epochs: int, upload=lambda batch: None, device: torch.device = ALONE.device) -> float:
+    """Images per second over `epochs` whole passes, each batch through `upload`, after one untimed pass."""
+    for batch in loader:
+        upload(batch)
+    _synchronize(device)
     start, images = time.perf_counter(), 0
     for _ in range(epochs):
         for batch in loader:
+            upload(batch)
             images += len(batch[1])
+    _synchronize(device)
     return images / (time.perf_counter() - start)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_decoder(name: str, crop_size: int, batch_size: int, device: torch.device) -> decoders.Decoder:
+    """The decoder option `name` as training builds it, or a ConfigError saying why this machine cannot run it."""
+    node = OmegaConf.merge({"data": {"crop_size": crop_size}, "train": {"batch_size": batch_size}},
+                           {"decoder": OmegaConf.load(CONF / "decoder" / f"{name}.yaml")})
+    decoder = build(node.decoder)
+    decoder.check_device(device)
+    return decoder
 
 
 def loader_for(dataset, batch_size: int, num_workers: int, collate=None) -> DataLoader:
@@ -56,7 +76,7 @@ def loader_for(dataset, batch_size: int, num_workers: int, collate=None) -> Data
                       prefetch_factor=2 if num_workers else None)
 
 
-def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: int) -> float:
+def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: int, device: torch.device) -> float:
     """pytorch/examples imagenet's training loader, as its users run it."""
     from torchvision import datasets, transforms
 
@@ -65,16 +85,21 @@ def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: i
                                  transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
     dataset = datasets.ImageFolder(str(root / "train"), recipe)
     return time_epochs(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                                  num_workers=num_workers, persistent_workers=num_workers > 0), epochs)
+                                  num_workers=num_workers, persistent_workers=num_workers > 0), epochs,
+                       lambda batch: batch[0].to(device, non_blocking=True), device)
 
 
-def decode_only(root: Path, names: list[str]) -> tuple[str, float]:
+def decodes_on_the_cpu(decoder: decoders.Decoder) -> bool:
+    """A CPU decoder decodes single files in the workers; GPU decoders decode whole batches at upload."""
+    return type(decoder).decode is not decoders.Decoder.decode
+
+
+def decode_only(root: Path, cpu_decoders: dict[str, decoders.Decoder]) -> tuple[str, float]:
     """The fastest decoder's full-size decode rate in this process, files already in memory."""
     train, _, _ = open_tree(root)
     files = [train.payload(index) for index in range(min(len(train), 300))]
     rates = {}
-    for name in names:
-        decoder = getattr(decoders, name)()
+    for name, decoder in cpu_decoders.items():
         decoder.decode(files[0], 1)
         start = time.perf_counter()
         for data in files:
@@ -98,8 +123,9 @@ def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> 
 
 def chart(rows: list[dict], path: Path) -> None:
     pyplot = optional_import("matplotlib.pyplot", "bench")
-    labels = [f"{row['decoder']}\n{row['format']}\nw={row['num_workers']}" for row in rows]
     figure, axes = pyplot.subplots(figsize=(max(6, len(rows) * 0.9), 4))
+    rows = [row for row in rows if row["images_per_s"]]
+    labels = [f"{row['decoder']}\n{row['format']}\nw={row['num_workers']}" for row in rows]
     axes.bar(labels, [row["images_per_s"] for row in rows],
              color=["grey" if row["decoder"] in ("baseline", "ceiling") else "tab:blue" for row in rows])
     axes.set_ylabel("images/s (loader only)")
@@ -113,10 +139,18 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     if source.root is None:
         raise ConfigError("pass data.root=/path/to/tree (train/ and val/), or use data=synthetic")
     settings = cfg.bench
-    cpu_decoders = [name for name in settings.decoders if name not in ("nvjpeg", "dali")]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if settings.device == "auto" \
+        else torch.device(settings.device)
+    runnable, unable = {}, {}
+    for name in settings.decoders:
+        try:
+            runnable[name] = make_decoder(name, source.crop_size, settings.batch_size, device)
+        except ConfigError as err:
+            unable[name] = str(err)
+    cpu_decoders = {name: decoder for name, decoder in runnable.items() if decodes_on_the_cpu(decoder)}
     data_mb = sum(path.stat().st_size for path in (source.root / "train").rglob("*") if path.is_file()) / 1e6
     cache = f"warm: read once in warm-up; {data_mb:.0f} MB vs {psutil.virtual_memory().available / 1e9:.0f} GB free RAM"
-    fastest, decode_rate = decode_only(source.root, cpu_decoders or ["pil"])
+    fastest, decode_rate = decode_only(source.root, cpu_decoders or {"pil": decoders.pil()})
     rows = []
     for workers in settings.num_workers:
         cores = max(1, min(workers, os.cpu_count() or 1))
@@ -125,22 +159,28 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
              "note": f"{fastest} full decode, 1 process x {cores} cores"},
             {"decoder": "baseline", "format": "folder", "num_workers": workers,
              "images_per_s": baseline(source.root, source.crop_size, settings.batch_size, workers,
-                                      settings.timed_epochs), "note": "ImageFolder+PIL+ToTensor+Normalize fp32"}]
+                                      settings.timed_epochs, device), "note": "ImageFolder+PIL+ToTensor+Normalize fp32"}]
         rows += reference
         for format in settings.formats:
             stores = stores_for(format, source, Path(settings.pack_dir).expanduser(), settings.short_side)
-            for name in (["none"] if stores.train.decoded else cpu_decoders):
-                splits = make_splits(source, stores, getattr(decoders, "pil" if name == "none" else name)())
+            for name in (["none"] if stores.train.decoded else runnable):
+                splits = make_splits(source, stores, decoders.pil() if name == "none" else runnable[name])
                 loader = loader_for(splits.train, settings.batch_size, workers, splits.decoder.collate)
-                rate = time_epochs(loader, settings.timed_epochs)
+                rate = time_epochs(loader, settings.timed_epochs,
+                                   lambda batch: splits.decoder.upload(batch[0], device, True), device)
                 rows.append({"decoder": name, "format": format, "num_workers": workers, "images_per_s": rate,
                              "note": "pre-decoded pixels" if name == "none" else ""})
                 log.info("%s / %s / %d workers: %.0f images/s", name, format, workers, rate)
+            if not stores.train.decoded:
+                rows += [{"decoder": name, "format": format, "num_workers": workers, "images_per_s": 0.0,
+                          "note": f"not run: {reason}"} for name, reason in unable.items()]
         for row in rows:
             if row["num_workers"] == workers:
                 row["vs_baseline"] = row["images_per_s"] / reference[1]["images_per_s"]
                 row["vs_ceiling"] = row["images_per_s"] / reference[0]["images_per_s"]
                 row["page_cache"] = cache
+    for row in rows:
+        row["note"] = f"{row['note']}; on {device.type}".lstrip("; ")
     with (run_dir / "bench.csv").open("w", newline="") as file:
         writer = csv.DictWriter(file, COLUMNS)
         writer.writeheader()
@@ -151,9 +191,9 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'decoder':<12}{'format':<8}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}"]
+    lines = [f"{'decoder':<12}{'format':<8}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}  note"]
     lines += [f"{row['decoder']:<12}{row['format']:<8}{row['num_workers']:>8}{row['images_per_s']:>10.0f}"
-              f"{row['vs_baseline']:>11.2f}{row['vs_ceiling']:>10.2f}" for row in rows]
+              f"{row['vs_baseline']:>11.2f}{row['vs_ceiling']:>10.2f}  {row['note']}" for row in rows]
     return "\n".join(lines)
 
 

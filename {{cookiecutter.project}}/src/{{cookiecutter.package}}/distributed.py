@@ -35,6 +35,12 @@ class World:
             dist.all_reduce(tensor)
         return tensor
 
+    def gather(self, values: list[float]) -> list[list[float]]:
+        """Every process's `values` (as many on each), in rank order."""
+        table = torch.zeros(self.size, len(values), dtype=torch.float64, device=self.device)
+        table[self.rank] = torch.tensor(values, dtype=torch.float64)
+        return self.sum(table).tolist()
+
     def max(self, value: float) -> float:
         """The largest `value` of any process."""
         tensor = torch.tensor([value], dtype=torch.float64, device=self.device)

@@ -3,11 +3,13 @@ from pathlib import Path
 
 from .config import optional_import
 
-# One chart with data time and compute time together, under TensorBoard's Custom Scalars tab.
+# The three parts of each step on one chart, under TensorBoard's Custom Scalars tab.
 LAYOUT = {
     "where the time goes": {
-        "data vs compute (ms per step)": ["Multiline", ["time/data_ms", "time/compute_ms"]],
-        "share of time waiting for data": ["Multiline", ["time/data_frac"]],
+        "data stall, host overhead, compute (ms per step)": [
+            "Multiline", ["time/data_ms", "time/host_ms", "time/compute_ms"]],
+        "share of time the device was idle: waiting for data, for the host": [
+            "Multiline", ["time/data_frac", "time/host_frac"]],
         "throughput (images/s)": ["Multiline", ["throughput/images_per_s"]],
     },
 }

@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
-from . import checkpoint, cudnn, distributed
-from .clock import Clock, Window
+from . import checkpoint, cudnn, distributed, faults
+from .clock import Clock, Window, make_clock
 from .config import ClearError, build, check
 from .data import make_loaders
 from .distributed import World
@@ -32,7 +32,7 @@ from .precision import Precision, make_precision
 from .preempt import Preempted, StopRequest
 from .prefetcher import NoPrefetcher
 from .profiler import NoProfiler
-from .report import Loader, diagnose, environment, format_report
+from .report import Settings, diagnose, environment, format_report, run_totals
 from .sysmon import SystemMonitor
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     model = world.wrap(build(cfg.model, data_classes=len(splits.classes)).to(device), cfg.distributed.sync_bn)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
                      precision)
+    faults.slow_host(model, cfg.faults.host_delay_ms)
     optimizer = build(cfg.optim, model=model)
     steps_per_epoch = len(loaders[0])
     total_steps = steps_per_epoch * cfg.train.epochs
@@ -103,7 +104,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     resume_from, state = checkpoint.resume_state(cfg.resume, run_dir, world)
     writes = world.is_main  # the other ranks get objects that write nothing
     run = Run(model, optimizer, scheduler, torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
-              precision, *loaders, Clock(device), SystemMonitor(device),
+              precision, *loaders, make_clock(device, cfg.train.host_split), SystemMonitor(device),
               build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
               build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
               checkpoint.Checkpoints(run_dir, writes), StopRequest(), world, cfg.train.log_every,
@@ -127,10 +128,12 @@ def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
         run.windows.append((window, system))
         run.logger.scalars({
             "train/loss": loss_sum.item() / window.steps, "train/lr": run.optimizer.param_groups[0]["lr"],
-            "time/data_ms": window.data_ms, "time/compute_ms": window.compute_ms, "time/data_frac": window.data_frac,
+            "time/data_ms": window.data_ms, "time/host_ms": window.host_ms, "time/compute_ms": window.compute_ms,
+            "time/data_frac": window.data_frac, "time/host_frac": window.host_frac,
             "throughput/images_per_s": window.images_per_s, "train/skipped_steps": run.precision.skipped.item(),
             **system}, run.step)
-        bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%")
+        bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%, "
+                            f"host {100 * window.host_frac:.0f}%")
         loss_sum.zero_()
     run.stop.check(run.world)  # every rank, every window: they stop together or not at all
 
@@ -170,19 +173,20 @@ def validate(run: Run) -> tuple[float, float]:
 
 
 def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, skipped_files: int, num_workers: int) -> dict:
-    """The whole run's split, skipping the first window (worker start-up, allocator warm-up) when there are more."""
-    measured = run.windows[1:] or run.windows
-    total = sum((window for window, _ in measured), Window())
-    system = {tag: float(np.mean([values[tag] for _, values in measured])) for tag in measured[0][1]} if measured else {}
-    choices = {group: option for group, option in HydraConfig.get().runtime.choices.items()
-               if not group.startswith("hydra")}
-    verdict, advice = diagnose(total, system, run.device, Loader(num_workers, **{key: cfg.loader[key] for key in (
-        "prefetch_factor", "pin_memory", "persistent_workers")}), choices)
-    return {"images_per_s": total.images_per_s, "data_ms": run.world.max(total.data_ms),  # the slowest rank's
-            "compute_ms": total.compute_ms, "data_frac": total.data_frac, "verdict": verdict, "advice": advice,
+    """The run's figures, every timing one from the same process (see report.run_totals), with the verdict."""
+    total, system, timing_rank = run_totals(run.windows, run.world)
+    hydra_cfg = HydraConfig.get()
+    choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if not group.startswith("hydra")}
+    settings = Settings(num_workers, cfg.loader.prefetch_factor, cfg.loader.pin_memory, cfg.loader.persistent_workers,
+                        cfg.train.batch_size, cfg.train.log_every, cfg.precision, cfg.model.channels_last,
+                        cfg.model.compile, cfg.cudnn, choices)
+    diagnosis = diagnose(total, system, run.device, settings)
+    return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "host_ms": total.host_ms,
+            "compute_ms": total.compute_ms, "data_frac": total.data_frac, "host_frac": total.host_frac,
+            "bound": diagnosis.bound, "verdict": diagnosis.verdict, "advice": diagnosis.advice,
             "val_top1": top1, "val_top5": top5, "steps": run.step, "skipped_files": skipped_files,
-            "skipped_steps": int(run.precision.skipped), "choices": choices,
-            "overrides": list(HydraConfig.get().overrides.task), "system": system,
+            "skipped_steps": int(run.precision.skipped), "processes": run.world.size, "timing_rank": timing_rank,
+            "choices": choices, "overrides": list(hydra_cfg.overrides.task), "system": system,
             "env": environment(run.device)}
 
 
@@ -207,6 +211,8 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
         log.info("stopped by %s at step %d (epoch %d, batch %d); checkpoint saved: continue with resume=auto "
                  "hydra.run.dir=%s", stop, run.step, run.epoch, run.batch_in_epoch, run_dir)
         return {}
+    finally:
+        run.clock.close()
     top1, top5 = scores or validate(run)  # a resumed run that had nothing left still reports its accuracy
     run.logger.close()
     summary = summarize(run, cfg, top1, top5, splits.skipped_files(world), num_workers)

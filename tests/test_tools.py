@@ -1,0 +1,39 @@
+"""The template's own tools: `make gpu-check` refuses a machine without CUDA; `make wheelhouse` fills a folder
+that installs with no network."""
+import os
+import subprocess
+import sys
+import zipfile
+
+
+def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(template, tmp_path):
+    result = subprocess.run(["make", "--no-print-directory", "gpu-check", f"GPU_PYTHON={sys.executable}"],
+                            cwd=template, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "GPU_CHECK_DIR": str(tmp_path / "out")})
+    assert result.returncode != 0
+    ours = [line for line in result.stderr.splitlines() if not line.startswith("make")]
+    assert ours == [f"error: make gpu-check needs a CUDA GPU, and {sys.executable} sees none (no torch, or "
+                    "torch.cuda.is_available() is False): run it on the GPU machine, with GPU_PYTHON=<its python> if "
+                    "that is another one"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_wheelhouse_builds_wheels_for_the_target_and_leaves_out_what_it_has(template, tmp_path):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("antlr4-python3-runtime==4.9.3  # published as source only\nsimplejpeg\ntorch\n")
+    out = tmp_path / "wheelhouse"
+    subprocess.run([sys.executable, str(template / "tools/wheelhouse.py"), "--out", str(out), "--python", "3.12",
+                    "--skip", "torch NumPy", str(requirements)], check=True, capture_output=True, timeout=600)
+    wheels = sorted(path.name for path in out.iterdir())
+    assert len(wheels) == 2, wheels  # numpy, which simplejpeg needs, and torch are on the target already
+    assert wheels[0] == "antlr4_python3_runtime-4.9.3-py3-none-any.whl"  # built here from its source
+    assert wheels[1].startswith("simplejpeg-") and "-cp312-cp312-" in wheels[1] and "manylinux" in wheels[1]
+    with zipfile.ZipFile(out / wheels[1]) as wheel:
+        assert any(name.startswith("simplejpeg/") for name in wheel.namelist())
+
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(out),
+                    "--target", str(target), "antlr4-python3-runtime"], check=True, capture_output=True, timeout=300)
+    imported = subprocess.run([sys.executable, "-c", "import antlr4; print(antlr4.__file__)"], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(target)}, check=True)
+    assert imported.stdout.startswith(str(target))

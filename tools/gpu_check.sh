@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `make gpu-check`: prove a CUDA machine with a freshly baked project. Runs its `gpu` tests, then its GPU
+# benchmark (python -m <package>.gpu_check), and leaves report.md, gpu_check.csv and the tests' results in
+# $GPU_CHECK_DIR/report. Uses the machine's own torch (GPU_PYTHON's); installs only what that Python lacks,
+# from $WHEELHOUSE with no network when that folder exists (make wheelhouse).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${GPU_PYTHON:-python3}
+WHEELHOUSE=${WHEELHOUSE:-wheelhouse}
+OUT=${GPU_CHECK_DIR:-build/gpu-check}
+PROJECT=fasttrain-project
+PACKAGE=fasttrain_project
+started=$(date +%s)
+
+fail() { echo "error: $*" >&2; exit 1; }
+
+"$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null || fail \
+  "make gpu-check needs a CUDA GPU, and $PYTHON sees none (no torch, or torch.cuda.is_available() is False): run it on the GPU machine, with GPU_PYTHON=<its python> if that is another one"
+
+rm -rf "$OUT"
+mkdir -p "$OUT/report"
+# A venv that sees GPU_PYTHON's packages (its CUDA build of torch above all) and holds only what they lack.
+"$PYTHON" -m venv --without-pip "$OUT/venv"
+VENV_PY=$(cd "$OUT/venv/bin" && pwd)/python
+"$PYTHON" -c 'import site; print("\n".join(site.getsitepackages()))' \
+  > "$("$VENV_PY" -c 'import site; print(site.getsitepackages()[0])')/gpu-python.pth"
+install=("$VENV_PY" -m pip install --quiet)
+if [ -d "$WHEELHOUSE" ]; then
+  install+=(--no-index --find-links "$WHEELHOUSE")
+  echo "gpu-check: installing from $WHEELHOUSE, with no network"
+fi
+"${install[@]}" 'cookiecutter>=2.7' 'setuptools>=64' \
+  || fail "could not install cookiecutter and setuptools: with no network, fill $WHEELHOUSE first (README: make wheelhouse)"
+"$VENV_PY" -m cookiecutter --no-input . --output-dir "$OUT"
+"${install[@]}" --no-build-isolation -e "$OUT/$PROJECT[dev]" \
+  || fail "could not install the baked project: with no network, fill $WHEELHOUSE first (README: make wheelhouse)"
+
+cd "$OUT/$PROJECT"
+tests=0
+PYTHONUNBUFFERED=1 "$VENV_PY" -m pytest -m gpu -p no:cacheprovider -q -rfEs --junitxml ../report/gpu-tests.xml \
+  | tee ../report/gpu-tests.txt || tests=$?
+PYTHONUNBUFFERED=1 "$VENV_PY" -m "$PACKAGE.gpu_check" hydra.run.dir=../report \
+  gpu_check.tests_xml="$(cd ../report && pwd)/gpu-tests.xml" | tee ../report/gpu-check.txt
+echo "gpu-check: $(( $(date +%s) - started )) s in all; report in $OUT/report/report.md"
+[ "$tests" = 0 ] || fail "gpu tests failed (pytest exit $tests): see $OUT/report/gpu-tests.txt"
