@@ -106,6 +106,23 @@ def test_compile_is_done_before_training_and_leaves_no_trace(caplog):
     assert compiled(model, False, images.shape, Precision("fp32", CPU)) is model
 
 
+def test_compile_warm_up_covers_the_first_step_and_validation_in_channels_last():
+    """Compiled for other strides or with gradients only, the first step or validation would compile again."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = tiny_model().to(memory_format=torch.channels_last)
+    images = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    fast = compiled(model, True, images.shape, Precision("fp32", CPU), torch.channels_last)
+    graphs = counters["stats"]["unique_graphs"]
+    fast.train()
+    fast(images).sum().backward()
+    fast.eval()
+    with torch.no_grad():
+        fast(images)
+    assert graphs >= 2 and counters["stats"]["unique_graphs"] == graphs
+
+
 @pytest.mark.gpu
 def test_fp16_on_the_gpu_scales_the_loss_and_counts_a_skipped_step():
     gpu = torch.device("cuda")

@@ -32,14 +32,18 @@ def torchvision_model(name: str, num_classes: int, data_classes: int, channels_l
     return model.to(memory_format=torch.channels_last) if channels_last else model
 
 
-def compiled(model: torch.nn.Module, enabled: bool, batch_shape: tuple[int, ...], precision) -> torch.nn.Module:
-    """torch.compile(model), compiled now by one forward and backward pass on a batch of zeros, which leaves no trace.
+def compiled(model: torch.nn.Module, enabled: bool, batch_shape: tuple[int, ...], precision,
+             memory_format: torch.memory_format = torch.contiguous_format) -> torch.nn.Module:
+    """torch.compile(model), compiled now on a batch of zeros, which leaves no trace: a training pass (forward
+    and backward) and a validation one (forward without gradients), each a graph of its own.
 
-    The pass runs in training mode, so the normalisation layers' running statistics are put back after it.
+    The zeros have the inputs' memory format: compiled for other strides, the first real step would compile
+    again. The training pass updates the normalisation layers' running statistics, which are put back after it.
     """
     if not enabled:
         return model
-    images = torch.zeros(batch_shape, device=next(model.parameters()).device)  # only a compiled run needs it
+    images = torch.zeros(batch_shape, device=next(model.parameters()).device).contiguous(
+        memory_format=memory_format)  # only a compiled run needs it
     model = torch.compile(model)
     buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
     start = time.perf_counter()
@@ -47,6 +51,9 @@ def compiled(model: torch.nn.Module, enabled: bool, batch_shape: tuple[int, ...]
     with precision.autocast():
         output = model(images)
     output.float().sum().backward()
+    model.eval()
+    with torch.no_grad(), precision.autocast():
+        model(images)
     if images.device.type == "cuda":
         torch.cuda.synchronize(images.device)
     seconds = time.perf_counter() - start

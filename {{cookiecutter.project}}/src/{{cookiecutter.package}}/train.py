@@ -93,7 +93,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     precision = make_precision(cfg.precision, device)
     model = world.wrap(build(cfg.model, data_classes=len(splits.classes)).to(device), cfg.distributed.sync_bn)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
-                     precision)
+                     precision, torch.channels_last if cfg.model.channels_last else torch.contiguous_format)
     faults.slow_host(model, cfg.faults.host_delay_ms)
     optimizer = build(cfg.optim, model=model)
     steps_per_epoch = len(loaders[0])
