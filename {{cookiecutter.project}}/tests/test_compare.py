@@ -22,10 +22,11 @@ def test_the_ceiling_and_a_real_pipeline_side_by_side(tmp_path, train_cli):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "model.name=resnet18" in lines[0] and "prefetcher" not in lines[0]  # shared settings above the table
-    assert lines[2] == "| prefetcher | images/s | data wait | × first |"
+    assert lines[2] == "| prefetcher | images/s | data wait | host | bound | × first |"
     assert lines[4].startswith("| resident |") and lines[4].endswith("| 1.00 |")
     ratio = real["images_per_s"] / ceiling["images_per_s"]
-    assert lines[5] == f"| none | {real['images_per_s']:.1f} | {100 * real['data_frac']:.0f}% | {ratio:.2f} |"
+    assert lines[5] == (f"| none | {real['images_per_s']:.1f} | {100 * real['data_frac']:.0f}% | "
+                        f"{100 * real['host_frac']:.0f}% | {real['bound']} | {ratio:.2f} |")
 
 
 def test_a_folder_without_finished_runs_is_refused_in_one_line(tmp_path):
@@ -39,4 +40,5 @@ def test_a_summary_without_the_overrides_is_refused_in_one_line(tmp_path):
     (tmp_path / "0/summary.json").write_text('{"images_per_s": 10.0, "data_frac": 0.1}')
     result = compare(tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip().endswith("has no overrides, env: it comes from an older version of the project")
+    assert result.stderr.strip().endswith("has no overrides, host_frac, bound, env: it comes from an older version "
+                                          "of the project")

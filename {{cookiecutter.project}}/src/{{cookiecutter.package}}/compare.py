@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .config import ClearError
 
-SUMMARY_KEYS = ("overrides", "images_per_s", "data_frac", "env")  # what the table reads
+SUMMARY_KEYS = ("overrides", "images_per_s", "data_frac", "host_frac", "bound", "env")  # what the table reads
 
 
 def job_order(path: Path) -> tuple[str, ...]:
@@ -47,10 +47,11 @@ def table(runs: list[tuple[dict[str, str], dict]]) -> str:
     varying = [key for key in keys if len({overrides.get(key) for overrides, _ in runs}) > 1]
     shared = [f"{key}={runs[0][0][key]}" for key in keys if key not in varying and key in runs[0][0]]
     first = runs[0][1]["images_per_s"]
-    header = [*varying, "images/s", "data wait", "× first"]
+    header = [*varying, "images/s", "data wait", "host", "bound", "× first"]
     rows = [[overrides.get(key, "") for key in varying]
             + [f"{summary['images_per_s']:.1f}", f"{100 * summary['data_frac']:.0f}%",
-               f"{summary['images_per_s'] / first:.2f}"] for overrides, summary in runs]
+               f"{100 * summary['host_frac']:.0f}%", summary["bound"], f"{summary['images_per_s'] / first:.2f}"]
+            for overrides, summary in runs]
     devices = sorted({summary["env"]["device"] for _, summary in runs})
     return "\n".join([f"on {', '.join(devices)}; every run: {' '.join(shared) or '(no shared overrides)'}", "",
                       "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
