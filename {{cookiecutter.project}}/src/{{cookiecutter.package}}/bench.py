@@ -123,8 +123,8 @@ def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> 
 
 def chart(rows: list[dict], path: Path) -> None:
     pyplot = optional_import("matplotlib.pyplot", "bench")
+    rows = [row for row in rows if row["images_per_s"]]  # not the decoders this machine could not run
     figure, axes = pyplot.subplots(figsize=(max(6, len(rows) * 0.9), 4))
-    rows = [row for row in rows if row["images_per_s"]]
     labels = [f"{row['decoder']}\n{row['format']}\nw={row['num_workers']}" for row in rows]
     axes.bar(labels, [row["images_per_s"] for row in rows],
              color=["grey" if row["decoder"] in ("baseline", "ceiling") else "tab:blue" for row in rows])
@@ -180,7 +180,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                 row["vs_ceiling"] = row["images_per_s"] / reference[0]["images_per_s"]
                 row["page_cache"] = cache
     for row in rows:
-        row["note"] = f"{row['note']}; on {device.type}".lstrip("; ")
+        row["note"] = "; ".join(filter(None, [row["note"], f"on {device.type}"]))
     with (run_dir / "bench.csv").open("w", newline="") as file:
         writer = csv.DictWriter(file, COLUMNS)
         writer.writeheader()

@@ -169,7 +169,6 @@ class CudaClock(Clock):
     def __init__(self, device: torch.device, sample_queue: bool = True):
         self.stream = torch.cuda.current_stream(device)
         self.sampler = QueueSampler(self.stream) if sample_queue else None
-        self.anchor = None
         super().__init__(device)
 
     def start(self) -> None:
