@@ -233,3 +233,23 @@ def finish(process: subprocess.Popen, timeout: float) -> str:
         return process.communicate(timeout=timeout)[1] or ""
     except subprocess.TimeoutExpired:
         raise AssertionError(f"{process.args} did not end in {timeout} s:\n{stop(process)[-6000:]}") from None
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """small_disk(megabytes): a folder on a tmpfs of that size, or None where mounting one is not allowed."""
+    mounts = []
+
+    def mount(megabytes: int) -> Path | None:
+        folder = tmp_path / f"disk{len(mounts)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(folder)],
+                              capture_output=True)
+        if done.returncode:
+            return None
+        mounts.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounts:
+        subprocess.run(["umount", "-l", str(folder)], check=False)

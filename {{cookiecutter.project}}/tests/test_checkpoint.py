@@ -23,10 +23,28 @@ def test_failed_write_keeps_the_previous_file(tmp_path):
         temporary.write_bytes(b"half a checkpo")
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(checkpoint.WriteError, match="No space left on device; any earlier last.pt is intact"):
+    with pytest.raises(checkpoint.WriteError, match=r"No space left on device \(.* MiB free on its disk\); any "
+                                                    "earlier last.pt is intact"):
         checkpoint.write_atomic(path, disk_full)
     assert checkpoint.load(path, torch.device("cpu"))["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_torch_saves_failed_write_is_a_write_error_and_a_bug_is_not(tmp_path):
+    path = tmp_path / "last.pt"
+
+    def stream_writer_failure(temporary):  # how torch.save reports a write the disk refused
+        raise RuntimeError("[enforce fail at inline_container.cc:671] . unexpected pos 576 vs 534")
+
+    with pytest.raises(checkpoint.WriteError, match="unexpected pos"):
+        checkpoint.write_atomic(path, stream_writer_failure)
+
+    def bug(temporary):
+        raise RuntimeError("a bug in the state being saved")
+
+    with pytest.raises(RuntimeError, match="a bug") as raised:
+        checkpoint.write_atomic(path, bug)
+    assert not isinstance(raised.value, checkpoint.WriteError) and not list(tmp_path.iterdir())
 
 
 def test_resume_choices(tmp_path):

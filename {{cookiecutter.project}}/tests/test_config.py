@@ -1,12 +1,15 @@
 """Every option of every config group composes and builds; the list comes from globbing conf/."""
 import json
+import re
 import sys
 
 import pytest
 import torch
 from conftest import CONF, DEVICE
+from omegaconf import OmegaConf
 
-from {{ cookiecutter.package }}.config import ConfigError, build
+from {{ cookiecutter.package }}.config import (RANGES, ConfigError, _bounds, build, check_ranges, describe_range,
+                                           in_range, ranged_keys)
 from {{ cookiecutter.package }}.data import Source
 from {{ cookiecutter.package }}.distributed import World
 
@@ -158,3 +161,65 @@ def test_missing_optional_backend_is_refused_in_one_line_naming_its_extra(monkey
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # what an absent package looks like to import
     with pytest.raises(ConfigError, match=r"tensorboard is not installed .*: pip install -e '\.\[tensorboard\]'"):
         tensorboard(tmp_path)
+
+
+def numeric_leaves(node, prefix: str = ""):
+    """(dotted key, value) of every number in a config, Hydra's own and the ranges themselves left out."""
+    for key, value in node.items():
+        if key in ("hydra", RANGES):
+            continue
+        if isinstance(value, dict):
+            yield from numeric_leaves(value, f"{prefix}{key}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"{prefix}{key}", value
+
+
+def outside(value, spec: str):
+    """A value of the same type as `value` that `spec` refuses."""
+    candidates = [bound + step for low, high in _bounds(spec) for bound, step in ((low, -1), (high, 1))
+                  if bound is not None]
+    wrong = next(candidate for candidate in sorted(candidates, key=abs) if not in_range(candidate, spec))
+    return int(wrong) if isinstance(value, int) else float(wrong)
+
+
+def every_option_composed(compose_tiny):
+    """The training config once per option of every group (the group's numbers are only there when picked)."""
+    return [compose_tiny(f"{group}={option}") for group, option in OPTIONS]
+
+
+def test_every_number_of_every_option_has_a_range_beside_it(compose_tiny):
+    for cfg in every_option_composed(compose_tiny):
+        ranged = {key for key, _, _ in ranged_keys(cfg)}
+        numbers = dict(numeric_leaves(OmegaConf.to_container(cfg, resolve=False)))  # not interpolations of them
+        assert set(numbers) <= ranged, f"numbers with no _ranges_ entry: {sorted(set(numbers) - ranged)}"
+        check_ranges(cfg)  # the values as composed are valid
+
+
+def test_every_number_out_of_its_range_is_refused_in_one_line_naming_it(compose_tiny):
+    tried = set()
+    for cfg in every_option_composed(compose_tiny):
+        for key, value, spec in ranged_keys(cfg):
+            if key in tried or value is None:
+                continue
+            tried.add(key)
+            bad = cfg.copy()
+            wrong = outside(value, spec)
+            OmegaConf.update(bad, key, wrong)
+            with pytest.raises(ConfigError, match=rf"^{re.escape(key)}={re.escape(str(wrong))} is out of range: it "
+                                                  r"must be "):
+                check_ranges(bad)
+    assert {"train.batch_size", "train.epochs", "data.crop_size", "loader.prefetch_factor", "optim.lr",
+            "prefetcher.depth", "schedule.warmup_epochs"} <= tried
+
+
+def test_ranges_read_as_words():
+    assert describe_range("1..") == "at least 1"
+    assert describe_range("-1 | 1..") == "-1, or at least 1"
+    assert describe_range("0..1") == "from 0 to 1"
+    assert in_range(-1, "-1 | 1..") and not in_range(0, "-1 | 1..") and in_range(7, "-1 | 1..")
+
+
+def test_a_validation_resize_below_the_crop_is_refused(compose_tiny):
+    cfg = compose_tiny("data.crop_size=64", "data.val_resize=48")
+    with pytest.raises(ConfigError, match="data.val_resize=48 is smaller than data.crop_size=64"):
+        check_ranges(cfg)

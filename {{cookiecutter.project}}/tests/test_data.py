@@ -5,8 +5,9 @@ import torch
 from {{ cookiecutter.package }}.config import ConfigError
 from conftest import ODD_FILES, encoded, photo
 
-from {{ cookiecutter.package }}.data import MEAN, STD, Images, ToDevice, TrainCrop, imagenet, make_loader, make_splits
-from {{ cookiecutter.package }}.decoder import pil
+from {{ cookiecutter.package }}.data import (MEAN, STD, Images, ToDevice, TrainCrop, UnreadableImage, WrongDataSet,
+                                      imagenet, make_loader, make_splits)
+from {{ cookiecutter.package }}.decoder import decoding, pil
 from {{ cookiecutter.package }}.distributed import World
 from {{ cookiecutter.package }}.format import folder
 from {{ cookiecutter.package }}.format.folder import ImageFiles
@@ -41,7 +42,7 @@ def test_bad_files_are_skipped_counted_once_and_batches_keep_their_size(tree_wit
 def test_bad_file_raises_with_its_path_when_asked(tree_with_bad_files):
     splits = folder_splits(tree_with_bad_files, on_error="raise")
     bad_index = next(i for i, path in enumerate(splits.train.store.paths) if path.name == "zero.JPEG")
-    with pytest.raises(RuntimeError, match="zero.JPEG"):
+    with pytest.raises(UnreadableImage, match="zero.JPEG"):
         splits.train[bad_index]
 
 
@@ -107,13 +108,79 @@ def test_validation_shards_cover_every_image_once():
     assert seen == list(range(10))
 
 
-def test_training_shards_are_disjoint_and_reshuffled_per_epoch():
-    dataset = torch.utils.data.TensorDataset(torch.arange(12))
+class Keys(torch.utils.data.Dataset):
+    """Hands back the key the sampler asked for."""
 
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, key):
+        return torch.tensor(key)
+
+
+def test_training_shards_are_disjoint_reshuffled_per_epoch_and_name_their_epoch():
     def epoch(rank, number):
-        shuffled = NoPrefetcher(loader(dataset, 2, True, World(rank, rank, 2, CPU)), to_device=lambda batch: batch)
+        shuffled = NoPrefetcher(loader(Keys(), 2, True, World(rank, rank, 2, CPU)), to_device=lambda batch: batch)
         shuffled.set_epoch(number)
-        return [int(value) for (batch,) in shuffled.loader for value in batch]
+        keys = [key.tolist() for batch in shuffled.loader for key in batch]
+        assert {epoch for _, epoch in keys} == {number}  # the data set seeds augmentation from (index, epoch)
+        return [index for index, _ in keys]
 
     assert sorted(epoch(0, 0) + epoch(1, 0)) == list(range(12))
     assert epoch(0, 0) != epoch(0, 1)
+
+
+def test_augmentation_depends_on_the_image_and_epoch_not_on_the_worker_or_the_order(tiny_root):
+    splits = folder_splits(tiny_root, size=16, resize=18)
+    first = [splits.train[(index, 3)][0] for index in range(4)]
+    again = [splits.train[(index, 3)][0] for index in reversed(range(4))][::-1]  # another order, same draws
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    other_epoch = [splits.train[(index, 4)][0] for index in range(4)]
+    assert not all(torch.equal(a, b) for a, b in zip(first, other_epoch))
+
+
+class Store:
+    """A store whose images are good or bad as asked, counting its reads."""
+
+    def __init__(self, bad: set[int], size: int = 40):
+        self.bad, self.labels, self.reads = bad, list(range(size)), 0
+
+    def __len__(self):
+        return len(self.labels)
+
+    def read(self, index):
+        self.reads += 1
+        return b"bad" if index in self.bad else b"good"
+
+    def name(self, index):
+        return f"image {index}"
+
+
+def decode(data):
+    with decoding():
+        if data == b"bad":
+            raise OSError("cannot identify image file")  # what Pillow raises for a file it cannot read
+    return torch.zeros(1)
+
+
+def test_only_a_decoding_error_makes_an_image_unreadable_a_bug_raises():
+    images = Images(Store(bad=set()), lambda data: 1 / 0, "skip")  # a bug in our own transform
+    with pytest.raises(ZeroDivisionError):
+        images[0]
+    assert images.bad_flags().sum() == 0
+    skipped = Images(Store(bad={3}), decode, "skip")
+    assert skipped[3][1] == 4 and skipped.bad_flags().tolist()[3] == 1  # the next image took its place
+
+
+def test_replacing_a_bad_image_reads_a_bounded_number_and_a_wrong_data_set_stops():
+    store = Store(bad=set(range(40)))
+    with pytest.raises(WrongDataSet, match="are unreadable"):
+        Images(store, decode, "skip", max_bad_fraction=1.0)[0]
+    assert store.reads <= 11  # not the whole data set
+    half = Images(Store(bad=set(range(0, 40, 2))), decode, "skip")
+    with pytest.raises(WrongDataSet, match=r"of the \d+ images read so far are unreadable, more than "
+                                           r"data.max_bad_fraction=0.01"):
+        for index in range(40):
+            half[index]
+    tolerant = Images(Store(bad=set(range(0, 40, 2))), decode, "skip", max_bad_fraction=0.6)
+    assert len([tolerant[index] for index in range(40)]) == 40

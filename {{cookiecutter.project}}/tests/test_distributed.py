@@ -95,6 +95,50 @@ def test_elastic_restart_resumes_from_the_checkpoint(tmp_path, cache_dir, tiny_r
     assert summary(run_dir)["steps"] == STEPS_WITH_TWO_PROCESSES
 
 
+def test_a_loader_worker_killed_in_one_process_lets_torchrun_restart_the_group(tmp_path, cache_dir, tiny_root):
+    """The failing process ends with its one line, the other one does not hang in a collective, and
+    torchrun's one restart resumes from the checkpoint and finishes."""
+    import psutil
+
+    run_dir = tmp_path / "run"
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                "--max-restarts=1")
+    process = start_cli(run_dir, (*LONGER, "loader.num_workers=1"), cache_dir, tiny_root, launcher=launcher,
+                        env=TWO_PROCESSES)
+    ranks = {}
+    wait_for(lambda: (run_dir / "last.pt").exists() and ranks.update(
+        (rank.environ()["RANK"], rank) for rank in psutil.Process(process.pid).children()) or len(ranks) == 2,
+             process)
+    loader_worker = ranks["1"].children()[0]
+    loader_worker.kill()
+    stderr = finish(process, timeout=400)
+    assert process.returncode == 0, stderr[-3000:]
+    assert re.search(rf"error: a loader worker \(pid {loader_worker.pid}\) (died|was killed by a signal)", stderr)
+    assert "Traceback" not in stderr
+    assert re.search(r"error: a collective across the processes failed \(Connection (closed|reset) by peer", stderr)
+    assert RESUMED.search((run_dir / "train.log").read_text())
+    assert summary(run_dir)["steps"] == STEPS_WITH_TWO_PROCESSES
+
+
+def test_a_process_that_stops_answering_fails_the_collective_instead_of_hanging(tmp_path, cache_dir, tiny_root):
+    import psutil
+
+    run_dir = tmp_path / "run"
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                "--max-restarts=0")
+    process = start_cli(run_dir, (*LONGER, "distributed.timeout_min=0.1"), cache_dir, tiny_root, launcher=launcher,
+                        env=TWO_PROCESSES)
+    ranks = {}
+    wait_for(lambda: (run_dir / "last.pt").exists() and ranks.update(
+        (rank.environ()["RANK"], rank) for rank in psutil.Process(process.pid).children()) or len(ranks) == 2,
+             process)
+    ranks["1"].suspend()  # alive but silent, as a process stuck in a driver call would be
+    stderr = finish(process, timeout=120)  # 6 s for the collective, then torchrun's 30 s grace for the stuck one
+    assert process.returncode == 1
+    assert re.search(r"error: a collective across the processes failed \(Timed out waiting 6000ms .*; resume=auto "
+                     r"continues from step \d+", stderr), stderr[-3000:]
+
+
 def test_launch_script_on_two_nodes_resumes_after_a_worker_dies(tmp_path, cache_dir, tiny_root):
     import psutil
 

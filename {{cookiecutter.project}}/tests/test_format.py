@@ -14,8 +14,9 @@ from PIL import Image
 
 from {{ cookiecutter.package }}.config import ClearError, ConfigError
 from {{ cookiecutter.package }}.data import imagenet
+from {{ cookiecutter.package }}.decoder import PilDecoder, pil_size
 from {{ cookiecutter.package }}.format import META, folder
-from {{ cookiecutter.package }}.pack import decode_resized, pack
+from {{ cookiecutter.package }}.pack import pack, shorter_side_to
 from {{ cookiecutter.package }}.staging import no_staging
 
 PACKED = sorted(path.stem for path in (CONF / "format").glob("*.yaml") if path.stem != "folder")
@@ -58,7 +59,8 @@ def test_resized_encoded_pack_stays_within_jpeg_tolerance(format, tiny_root, tmp
     assert report["images"] == 36 and report["skipped"] == 0 and report["images_per_s"] > 0
     for index in range(len(source)):
         pixels = np.asarray(Image.open(io.BytesIO(store.read(index))).convert("RGB"))
-        reference = decode_resized(source.paths[index].read_bytes(), 48)
+        data = source.paths[index].read_bytes()  # what pack encoded: the file decoded and resized
+        reference = shorter_side_to(PilDecoder().decode(data, min(pil_size(data)) / 48), 48)
         assert pixels.shape == reference.shape and np.abs(pixels.astype(int) - reference).mean() < 5
 
 
@@ -156,3 +158,45 @@ def test_packed_files_are_opened_in_the_workers_not_in_the_parent(format, packs)
                                collate_fn=lambda index: store.read(index)))
     assert len(payloads) == len(store)
     assert store._pid is None and not any(key.startswith("_") and key != "_pid" for key in vars(store))
+
+
+def test_pack_refuses_a_disk_too_small_with_the_numbers(tiny_root, small_disk, tmp_path, monkeypatch):
+    import {{ cookiecutter.package }}.pack as packing
+
+    disk = small_disk(1)
+    if disk is None:  # no tmpfs without root: the same free space, as the disk would report it
+        disk = tmp_path / "disk"
+        monkeypatch.setattr(packing, "free_bytes", lambda path: 1 << 20)
+    with pytest.raises(ConfigError, match=r"the pack needs about [\d.]+ MiB and its disk has [\d.]+ MiB free"):
+        pack(tiny_root, "lmdb", disk / "out", None, 90, 2, False, "skip")
+    assert not disk.exists() or not list(disk.iterdir())
+
+
+@pytest.mark.parametrize("format", PACKED)
+def test_a_disk_that_fills_during_pack_gives_one_line_and_no_pack(format, tiny_root, small_disk, tmp_path,
+                                                                 monkeypatch):
+    """The native writers can crash their process on a full disk (LMDB: SIGBUS; HDF5: a segfault on close)."""
+    import {{ cookiecutter.package }}.pack as packing
+
+    monkeypatch.setattr(packing, "estimated_bytes", lambda stores, convert: 0)  # the check before is passed
+    disk = small_disk(1)
+    if disk is None:  # no tmpfs without root: the failure raised where the format's writer writes
+        disk = tmp_path / "disk"
+        module = importlib.import_module(f"{PACKAGE}.format.{format}")
+        monkeypatch.setattr(module, "write", lambda path, records: (_ for _ in ()).throw(
+            OSError(28, "No space left on device")))
+    short_side = 320 if format == "tensor" else None  # 36 decoded images of that size overfill 1 MiB
+    with pytest.raises(ClearError, match=r"^pack failed, nothing written: .*MiB free on its disk"):
+        pack(tiny_root, format, disk / "out", short_side, 90, 2, False, "skip")
+    assert not list(disk.iterdir())
+
+
+def test_pack_on_a_full_disk_from_the_command_line_is_one_line(tiny_root, small_disk):
+    disk = small_disk(1)
+    if disk is None:
+        pytest.skip("mounting a small tmpfs needs root; test_a_disk_that_fills_during_pack covers it by injection")
+    result = subprocess.run([sys.executable, "-m", f"{PACKAGE}.pack", f"data.root={tiny_root}", "format=hdf5",
+                             f"pack.out={disk / 'out'}", f"hydra.run.dir={disk / 'log'}"], cwd=PROJECT,
+                            capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: pack.out={disk / 'out'}: the pack needs about")

@@ -25,7 +25,8 @@ def one_step(precision: Precision, model: torch.nn.Module, step: int, scale_loss
     optimizer.zero_grad(set_to_none=True)
     with precision.autocast():
         loss = model(torch.randn(2, 3, 8, 8)).float().sum() * scale_loss
-    precision.step(loss, optimizer, step)
+    precision.backward(loss)
+    precision.apply(loss, optimizer, step)
 
 
 def test_bf16_autocasts_on_the_cpu_and_fp32_does_not():
@@ -136,7 +137,8 @@ def test_fp16_on_the_gpu_scales_the_loss_and_counts_a_skipped_step():
             output = model(images)
             assert output.dtype == torch.float16
             loss = output.float().sum() * scale_loss
-        precision.step(loss, optimizer, number)
+        precision.backward(loss)
+        precision.apply(loss, optimizer, number)
 
     scale = precision.scaler.get_scale()
     before = [p.detach().clone() for p in model.parameters()]

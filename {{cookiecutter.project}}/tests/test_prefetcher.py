@@ -98,6 +98,30 @@ def test_thread_prefetcher_hands_errors_over_and_stops_when_left_early():
     assert threading.active_count() == before
 
 
+@pytest.mark.parametrize("last", ["end", "error"])
+def test_thread_prefetcher_left_with_a_full_queue_returns_at_once(last):
+    """The consumer leaves (its step failed) while the thread waits to queue the loader's end or error."""
+    class TwoThenLast(Dataset):
+        def __len__(self):
+            return 3 if last == "error" else 2
+
+        def __getitem__(self, index):
+            if index == 2:
+                raise ValueError("the loader's own failure, after the consumer left")
+            return torch.zeros(2, 2, 3, dtype=torch.uint8), index
+
+    def consume_one_then_fail():
+        batches = iter(thread(DataLoader(TwoThenLast(), batch_size=1), ToDevice(pil(), CPU, False), depth=1))
+        next(batches)
+        time.sleep(0.3)  # the thread queues batch 2 and then waits with the last item
+        batches.close()
+
+    consumer = threading.Thread(target=consume_one_then_fail, daemon=True)
+    consumer.start()
+    consumer.join(timeout=10)
+    assert not consumer.is_alive()
+
+
 def test_cuda_stream_is_refused_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="prefetcher=cuda_stream .* no GPU: pick prefetcher=thread"):

@@ -89,6 +89,12 @@ BAD_INPUT = {
     "loader.num_workers=lots": ["loader.num_workers=lots"],
     "precision=fp16 without a GPU": ["precision=fp16"],
     "cudnn=fast": ["cudnn=fast"],
+    "train.batch_size=0": ["train.batch_size=0"],
+    "train.epochs=0": ["train.epochs=0"],
+    "data.crop_size=0": ["data.crop_size=0"],
+    "loader.prefetch_factor=0": ["loader.prefetch_factor=0"],
+    "optim.lr=-0.1": ["optim.lr=-0.1"],
+    "data.val_resize below the crop": ["data.crop_size=64", "data.val_resize=32"],
 }
 
 

@@ -1,6 +1,8 @@
 """Checkpoints and other run files, written atomically: a crash or a full disk never leaves half a file."""
 import logging
 import os
+import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,15 +21,24 @@ class WriteError(ClearError):
     """A run file could not be written (a full disk, say); the previous version is intact."""
 
 
+# How torch.save reports a failed write: a RuntimeError from its C++ stream writer, not an OSError.
+WRITE_FAILED = re.compile(r"inline_container|PytorchStreamWriter|file write failed|basic_ios|iostream error")
+
+
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """write(temporary path), then rename over `path`, which readers therefore see whole or not at all."""
     temporary = path.with_name(f".{path.name}.partial-{os.getpid()}")  # ranks may race
     try:
         write(temporary)
         os.replace(temporary, path)
-    except OSError as err:
+    except (OSError, RuntimeError) as err:
         temporary.unlink(missing_ok=True)
-        raise WriteError(f"could not write {path}: {err.strerror or err}; any earlier {path.name} is intact") from err
+        if isinstance(err, RuntimeError) and not WRITE_FAILED.search(str(err)):
+            raise  # not a write that failed: a bug
+        free = shutil.disk_usage(path.parent).free / 2**20 if path.parent.exists() else 0.0
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0]
+        raise WriteError(f"could not write {path}: {reason} ({free:.1f} MiB free on its disk); any earlier "
+                         f"{path.name} is intact") from err
 
 
 def save(state: dict, path: Path) -> None:
@@ -39,10 +50,12 @@ class Checkpoints:
 
     def __init__(self, run_dir: Path, writes: bool):
         self.path, self.writes = run_dir / LAST, writes
+        self.saved_step = -1  # the step of the last checkpoint written or resumed from; -1: none yet
 
     def save(self, state: dict) -> None:
         if self.writes:
             save(state, self.path)
+        self.saved_step = state["step"]
 
 
 def find(resume: str | None, run_dir: Path) -> Path | None:
@@ -68,6 +81,20 @@ def load(path: Path, device: torch.device) -> dict:
         return torch.load(path, map_location=device)
     except Exception as err:  # torch raises RuntimeError, EOFError or UnpicklingError for a damaged file
         raise ConfigError(f"resume: {path} is not a readable checkpoint ({err.__class__.__name__}: {err})") from err
+
+
+def check_fits(state: dict, model: torch.nn.Module, path: Path, identity: dict) -> None:
+    """Refuse, before anything loads, a checkpoint whose weights do not fit the model this run builds."""
+    mine, theirs = model.state_dict(), state["model"]
+    differ = sorted(name for name in mine.keys() | theirs.keys()
+                    if name not in mine or name not in theirs or mine[name].shape != theirs[name].shape)
+    if differ:
+        saved = state.get("identity")
+        held = f"{saved['model']} with {saved['classes']} classes" if saved else "another model"
+        raise ConfigError(f"resume={path} holds {held}, and this run builds {identity['model']} with "
+                          f"{identity['classes']} classes: {len(differ)} tensors differ ({', '.join(differ[:3])}"
+                          f"{', ...' if len(differ) > 3 else ''}); resume from a checkpoint of this model, or set "
+                          "model.name to the checkpoint's")
 
 
 def resume_state(resume: str | None, run_dir: Path, world: World) -> tuple[Path | None, dict | None]:

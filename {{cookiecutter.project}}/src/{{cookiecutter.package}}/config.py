@@ -26,13 +26,64 @@ def optional_import(module: str, extra: str) -> ModuleType:
         raise ConfigError(f"{module} is not installed ({err}): pip install -e '.[{extra}]'") from None
 
 
+RANGES = "_ranges_"  # in a config node: the valid values of its numeric keys, beside the keys themselves
+
+
 def build(node: DictConfig, **runtime: Any) -> Any:
     """The node's target called with its config values and the runtime objects.
 
     The runtime objects are passed to the call, not through instantiate, which would turn a dataclass
     such as World into a DictConfig; a ConfigError raised by the target reaches the caller as itself.
+    The node's `_ranges_` are for `check_ranges`, not for the target.
     """
-    return instantiate(node, _partial_=True)(**runtime)
+    values = {key: node[key] for key in node if key != RANGES}  # resolved: interpolations may point outside node
+    return instantiate(OmegaConf.create(values), _partial_=True)(**runtime)
+
+
+def _bounds(spec: str) -> list[tuple[float | None, float | None]]:
+    """'1..' -> [(1, None)]; '-1 | 1..' -> [(-1, -1), (1, None)]; '0..1' -> [(0, 1)]."""
+    bounds = []
+    for part in spec.split("|"):
+        low, dots, high = part.strip().partition("..")
+        low, high = (float(low) if low else None), (float(high) if high else None)
+        bounds.append((low, high) if dots else (low, low))
+    return bounds
+
+
+def describe_range(spec: str) -> str:
+    """A range as words: 'at least 1', '-1, or at least 1', 'from 0 to 1'."""
+    def words(low, high):
+        if low == high:
+            return f"{low:g}"
+        if high is None:
+            return f"at least {low:g}"
+        return f"at most {high:g}" if low is None else f"from {low:g} to {high:g}"
+
+    return ", or ".join(words(low, high) for low, high in _bounds(spec))
+
+
+def in_range(value: float, spec: str) -> bool:
+    return any((low is None or value >= low) and (high is None or value <= high) for low, high in _bounds(spec))
+
+
+def ranged_keys(cfg: DictConfig, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
+    """(dotted key, value, range) for every key that a `_ranges_` beside it constrains, Hydra's own excluded."""
+    for key, node in cfg.items():
+        if isinstance(node, DictConfig) and key != "hydra":
+            yield from ranged_keys(node, f"{prefix}{key}.")
+    for key, spec in (cfg.get(RANGES) or {}).items():
+        yield f"{prefix}{key}", cfg.get(key), spec
+
+
+def check_ranges(cfg: DictConfig) -> None:
+    """Refuse, in one line, a number outside its key's range, and a crop larger than the resize before it."""
+    for key, value, spec in ranged_keys(cfg):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not in_range(value, spec):
+            raise ConfigError(f"{key}={value} is out of range: it must be {describe_range(spec)}")
+    data = cfg.get("data")
+    if data is not None and "val_resize" in data and data.val_resize < data.crop_size:
+        raise ConfigError(f"data.val_resize={data.val_resize} is smaller than data.crop_size={data.crop_size}: the "
+                          "validation crop is cut from the resized image; raise data.val_resize")
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -57,7 +108,7 @@ AUTO_KEYS = {"loader.num_workers"}  # whole numbers that may also be measured at
 
 
 def check(cfg: DictConfig) -> None:
-    """Refuse a missing value, or an override whose type differs from the default of its key.
+    """Refuse a missing value, an override whose type differs from the default of its key, or a number out of range.
 
     Without a schema, Hydra takes `optim.lr=abc` as the string 'abc'; comparing against the
     same options composed without the user's values catches that for every key of every group.
@@ -78,3 +129,4 @@ def check(cfg: DictConfig) -> None:
         if kind and value is not None and (isinstance(value, bool) != (bool in kind[1])
                                            or not isinstance(value, kind[1])):
             raise ConfigError(f"{key}={value!r} is not {kind[0]}, as its default {default!r} is")
+    check_ranges(cfg)

@@ -19,9 +19,10 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
 from . import synth
-from .config import ConfigError, build
-from .decoder import UNREADABLE, Box, Decoder, Decoded
+from .config import RANGES, ClearError, ConfigError, build
+from .decoder import Box, Decoded, Decoder, Unreadable
 from .distributed import EpochSampler, Shard, World
+from .faults import InjectedFault
 from .format import Store, Stores
 from .workers import pick_num_workers
 
@@ -38,24 +39,26 @@ class Source:
     crop_size: int
     val_resize: int
     on_error: str
+    max_bad_fraction: float = 0.01
 
 
-def imagenet(root: str | None, crop_size: int, val_resize: int, on_error: str) -> Source:
+def imagenet(root: str | None, crop_size: int, val_resize: int, on_error: str,
+             max_bad_fraction: float = 0.01) -> Source:
     """The ImageNet layout: root/train/<class>/* and root/val/<class>/*."""
     path = Path(root).expanduser() if root else None
     if path is not None and not path.is_dir():
         raise ConfigError(f"data.root={root} does not exist")
-    return Source(path, crop_size, val_resize, on_error)
+    return Source(path, crop_size, val_resize, on_error, max_bad_fraction)
 
 
 def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_dir: str,
-              crop_size: int, val_resize: int, on_error: str) -> Source:
+              crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01) -> Source:
     """The built-in data set, written once per size into cache_dir and reused."""
     root = Path(cache_dir).expanduser() / f"c{num_classes}-t{train_per_class}-v{val_per_class}"
     if not (root / "val").is_dir():
         log.info("writing the synthetic data set to %s (once)", root)
         synth.write_dataset(root, num_classes, train_per_class, val_per_class)
-    return Source(root, crop_size, val_resize, on_error)
+    return Source(root, crop_size, val_resize, on_error, max_bad_fraction)
 
 
 class TrainCrop:
@@ -103,15 +106,36 @@ class CenterCrop:
         return (left, top, left + side, top + side), False
 
 
-class Images(Dataset):
-    """A store's payloads through the decoder's worker transform; an unreadable one is skipped or raised."""
+class UnreadableImage(ClearError):
+    """An image that does not decode, under data.on_error=raise."""
 
-    def __init__(self, store: Store, transform, on_error: str):
+
+class WrongDataSet(ClearError):
+    """Too many unreadable images: the data, not a few bad files."""
+
+
+BAD_ALLOWED = 10  # unreadable images always skipped, however few were read: data.max_bad_fraction judges beyond
+REPLACEMENTS = BAD_ALLOWED + 1  # images tried after an unreadable one; more than that many bad ones stop the run
+
+
+class Images(Dataset):
+    """A store's payloads through the decoder's worker transform; an unreadable one is skipped or raised.
+
+    Indices come from the sampler, for training as (index, epoch): the random crop and flip of an image
+    are then drawn from a generator seeded by (seed, epoch, index), whichever worker reads it, so a run
+    resumed mid-epoch, with any worker count, sees the augmentation the uninterrupted run would have.
+    """
+
+    def __init__(self, store: Store, transform, on_error: str, max_bad_fraction: float = 0.01, seed: int = 0):
         if on_error not in ("skip", "raise"):
             raise ConfigError(f"data.on_error={on_error!r}: pick skip or raise")
         self.store, self.transform, self.on_error = store, transform, on_error
-        # One flag per image in shared memory, so every worker and every epoch counts a bad image once.
+        self.max_bad_fraction, self.seed = max_bad_fraction, seed
+        # In shared memory, so that every worker and every epoch adds to them: one flag per image, to count
+        # a bad image once, and the images read and found unreadable, to judge the share.
         self.bad = multiprocessing.RawArray("b", len(store))
+        self.counts = multiprocessing.Array("q", 2)  # reads, unreadable reads
+        self.fail_at = -1  # faults.worker_error_at: the read (counted across workers, from 1) that raises
 
     def __len__(self) -> int:
         return len(self.store)
@@ -119,19 +143,43 @@ class Images(Dataset):
     def bad_flags(self) -> torch.Tensor:
         return torch.frombuffer(self.bad, dtype=torch.int8)
 
-    def __getitem__(self, index: int):
-        for offset in range(len(self.store)):
-            position = (index + offset) % len(self.store)
+    def __getitem__(self, key: int | tuple[int, int]):
+        index, epoch = key if isinstance(key, tuple) else (key, None)
+        if epoch is not None:
+            random.seed(hash((self.seed, epoch, index)))  # ints and tuples of them hash the same in every process
+        for position in (index + offset for offset in range(min(REPLACEMENTS, len(self.store)))):
+            position %= len(self.store)
             try:
-                return self.transform(self.store.read(position)), int(self.store.labels[position])
-            except UNREADABLE as err:
-                name = self.store.name(position)
-                if self.on_error == "raise":
-                    raise RuntimeError(f"unreadable image {name}: {err} (data.on_error=skip would skip it)") from err
-                if not self.bad[position]:
-                    log.warning("skipping unreadable image %s: %s", name, err)
-                self.bad[position] = 1
-        raise RuntimeError("every image in the data set is unreadable")
+                item = self.transform(self.store.read(position)), int(self.store.labels[position])
+            except Unreadable as err:
+                self._count(unreadable=True)
+                self._skip(position, err)
+                continue
+            self._count(unreadable=False)
+            return item
+        raise WrongDataSet(f"{REPLACEMENTS} images in a row from {self.store.name(index)} on are unreadable: is "
+                           "this the data set you meant?")
+
+    def _count(self, unreadable: bool) -> None:
+        with self.counts.get_lock():
+            self.counts[0] += 1
+            self.counts[1] += unreadable
+            reads, bad = self.counts[0], self.counts[1]
+        if reads == self.fail_at:
+            raise InjectedFault(f"faults.worker_error_at={reads}: the loader worker reading training image number "
+                                f"{reads} of this run raised, as asked")
+        if unreadable and bad > max(self.max_bad_fraction * reads, BAD_ALLOWED):
+            raise WrongDataSet(f"{bad} of the {reads} images read so far are unreadable, more than "
+                               f"data.max_bad_fraction={self.max_bad_fraction:g}: is this the data set you meant? "
+                               "(raise data.max_bad_fraction to train on it anyway)")
+
+    def _skip(self, position: int, err: Unreadable) -> None:
+        name = self.store.name(position)
+        if self.on_error == "raise":
+            raise UnreadableImage(f"unreadable image {name}: {err} (data.on_error=skip would skip it)") from err
+        if not self.bad[position]:
+            log.warning("skipping unreadable image %s: %s", name, err)
+        self.bad[position] = 1
 
 
 @dataclass
@@ -147,14 +195,14 @@ class Splits:
         return int(world.sum(flags).count_nonzero())
 
 
-def make_splits(source: Source, stores: Stores, decoder: Decoder) -> Splits:
+def make_splits(source: Source, stores: Stores, decoder: Decoder, seed: int = 0) -> Splits:
     """Training and validation data sets: random crops for one, the deterministic centre crop for the other."""
     if stores.train.decoded:
         log.info("format=tensor holds decoded pixels: the decoder option is not used")
         decoder = Decoded()
-    size = source.crop_size
-    return Splits(Images(stores.train, decoder.transform(TrainCrop(size), size), source.on_error),
-                  Images(stores.val, decoder.transform(CenterCrop(size, source.val_resize), size), source.on_error),
+    size, on_error, fraction = source.crop_size, source.on_error, source.max_bad_fraction
+    return Splits(Images(stores.train, decoder.transform(TrainCrop(size), size), on_error, fraction, seed),
+                  Images(stores.val, decoder.transform(CenterCrop(size, source.val_resize), size), on_error, fraction),
                   stores.classes, decoder)
 
 
@@ -212,8 +260,9 @@ def make_loaders(cfg: DictConfig, world: World):
     stores = build(cfg.format, source=source, stage=build(cfg.staging, world=world))
     decoder = build(cfg.decoder)
     decoder.check_device(world.device)
-    splits = make_splits(source, stores, decoder)
-    settings = dict(cfg.loader)
+    splits = make_splits(source, stores, decoder, cfg.seed)
+    splits.train.fail_at = cfg.faults.worker_error_at
+    settings = {key: value for key, value in cfg.loader.items() if key != RANGES}
     non_blocking = settings.pop("non_blocking")
     settings["num_workers"] = pick_num_workers(
         settings["num_workers"], splits.train, cfg.train.batch_size, lambda count: make_loader(

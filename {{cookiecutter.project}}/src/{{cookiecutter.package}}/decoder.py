@@ -10,7 +10,8 @@ workers only reading bytes and picking crops; the GPU decodes, crops and flips w
 """
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import cv2
 import numpy as np
@@ -22,7 +23,23 @@ from .config import ConfigError, optional_import
 
 Box = tuple[float, float, float, float]  # left, top, right, bottom, in pixels of the full-size image
 Crop = Callable[[int, int], tuple[Box, bool]]  # (width, height) -> (box, flip)
-UNREADABLE = (OSError, ValueError, SyntaxError, RuntimeError, cv2.error, Image.DecompressionBombError)
+# What the decoding libraries raise for a file they cannot read: Pillow (OSError, SyntaxError, its
+# DecompressionBombError), OpenCV (cv2.error), simplejpeg (ValueError), torchvision (RuntimeError).
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, cv2.error, Image.DecompressionBombError)
+
+
+class Unreadable(Exception):
+    """A file that does not decode as an image: skipped and counted under data.on_error=skip."""
+
+
+@contextmanager
+def decoding() -> Iterator[None]:
+    """Around a decoding library's call, and only there: its errors mean an unreadable file, where the same
+    exception types from our own code (the crop, the resize) are bugs and must raise as they are."""
+    try:
+        yield
+    except DECODE_ERRORS as err:
+        raise Unreadable(f"{err.__class__.__name__}: {err}") from err
 
 
 def pil_size(data: bytes) -> tuple[int, int]:
@@ -54,10 +71,12 @@ class DecodeCrop:
         self.decoder, self.crop, self.size = decoder, crop, size
 
     def __call__(self, data) -> torch.Tensor:
-        width, height = self.decoder.size(data)
+        with decoding():
+            width, height = self.decoder.size(data)
         box, flip = self.crop(width, height)
         shrink = min(box[2] - box[0], box[3] - box[1]) / self.size
-        image = self.decoder.decode(data, shrink)
+        with decoding():
+            image = self.decoder.decode(data, shrink)
         sx, sy = image.shape[1] / width, image.shape[0] / height  # a reduced decode scales the box too
         return resize_box(image, (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy), self.size, flip)
 
@@ -174,10 +193,11 @@ class EncodedCrop:
         self.crop = crop
 
     def __call__(self, data: bytes) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        width, height = pil_size(data)
+        with decoding():
+            width, height = pil_size(data)
         box, flip = self.crop(width, height)
         if not data.rstrip(b"\0").endswith(b"\xff\xd9"):  # one truncated file would fail its whole GPU batch
-            raise ValueError("truncated JPEG: no end-of-image marker")
+            raise Unreadable("truncated JPEG: no end-of-image marker")
         return torch.frombuffer(bytearray(data), dtype=torch.uint8), torch.tensor(pixel_box(box, width, height)), flip
 
 
@@ -231,7 +251,9 @@ class NvjpegItem:
         self.encoded, self.fallback = encoded, fallback
 
     def __call__(self, data: bytes):
-        if data[:2] != b"\xff\xd8" or _is_cmyk_jpeg(data):
+        with decoding():
+            cpu_only = data[:2] != b"\xff\xd8" or _is_cmyk_jpeg(data)
+        if cpu_only:
             return self.fallback(data)
         return self.encoded(data)
 

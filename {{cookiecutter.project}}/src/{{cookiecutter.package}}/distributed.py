@@ -140,7 +140,8 @@ class EpochSampler(DistributedSampler):
         self.skip = skip
 
     def __iter__(self):
-        return iter(list(super().__iter__())[self.skip:])
+        """(index, epoch) pairs: the data set seeds each image's augmentation from them."""
+        return iter([(index, self.epoch) for index in list(super().__iter__())[self.skip:]])
 
 
 class Shard(Sampler[int]):

@@ -1,11 +1,20 @@
-"""Faults injected on purpose (`faults.*`), to check that the report names what slows a run down.
+"""Faults injected on purpose (`faults.*`): to check that the report names what slows a run down, and that
+a failure ends the run in one line with nothing lost.
 
-`faults.host_delay_ms=20` makes the host sleep before every forward pass, as a Python-heavy step would:
-on a GPU the report must call the run host-bound, not data-bound.
+- `faults.host_delay_ms=20` makes the host sleep before every forward pass, as a Python-heavy step would:
+  on a GPU the report must call the run host-bound, not data-bound.
+- `faults.worker_error_at=N` makes the loader worker that reads the Nth training image of the run raise
+  (counted across workers; see data.Images).
 """
 import time
 
 import torch
+
+from .config import ClearError
+
+
+class InjectedFault(ClearError):
+    """The failure `faults.*` asked for."""
 
 
 def slow_host(model: torch.nn.Module, host_delay_ms: float) -> None:

@@ -13,6 +13,7 @@ import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,8 +26,9 @@ from omegaconf import DictConfig
 from PIL import Image
 from tqdm import tqdm
 
+from . import failures
 from .config import ClearError, ConfigError, build
-from .decoder import UNREADABLE, PilDecoder, pil_size
+from .decoder import PilDecoder, Unreadable, decoding, pil_size
 from .format import META, SPLITS
 from .format.folder import open_tree
 
@@ -40,11 +42,6 @@ def shorter_side_to(image: np.ndarray, short_side: int) -> np.ndarray:
     scale = short_side / min(height, width)
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
     return cv2.resize(image, size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
-
-
-def decode_resized(data: bytes, short_side: int) -> np.ndarray:
-    """RGB pixels with the shorter side at short_side, decoding at reduced scale where that is enough."""
-    return shorter_side_to(PilDecoder().decode(data, min(pil_size(data)) / short_side), short_side)
 
 
 def check_decodes(data: bytes) -> None:
@@ -61,19 +58,45 @@ class Convert:
         self.decoded, self.short_side, self.quality = decoded, short_side, quality
 
     def __call__(self, path: Path):
+        data = path.read_bytes()
         try:
-            data = path.read_bytes()
-            if self.short_side is None:
-                check_decodes(data)  # leave garbage out now rather than skip it at every epoch
-                return data
-            pixels = decode_resized(data, self.short_side)
-            if self.decoded:
-                return pixels
-            buffer = io.BytesIO()
-            Image.fromarray(pixels).save(buffer, "JPEG", quality=self.quality)
-            return buffer.getvalue()
-        except UNREADABLE as err:
+            with decoding():
+                if self.short_side is None:
+                    check_decodes(data)  # leave garbage out now rather than skip it at every epoch
+                    return data
+                image = PilDecoder().decode(data, min(pil_size(data)) / self.short_side)
+        except Unreadable as err:
             return err
+        pixels = shorter_side_to(image, self.short_side)
+        if self.decoded:
+            return pixels
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, "JPEG", quality=self.quality)
+        return buffer.getvalue()
+
+
+SAMPLE = 32  # images converted up front to estimate the pack's size
+MARGIN = 1.25  # the estimate times this must fit in the free space: file-format overhead, and the sample's error
+
+
+def estimated_bytes(stores, convert: Convert) -> int:
+    """The pack's size, from converting a sample of the training images."""
+    paths = stores[0].paths[:: max(1, len(stores[0]) // SAMPLE)][:SAMPLE]
+    sizes = [payload.nbytes if isinstance(payload, np.ndarray) else len(payload)
+             for payload in map(convert, paths) if not isinstance(payload, Exception)]
+    return int(sum(len(store) for store in stores) * (sum(sizes) / max(1, len(sizes))))
+
+
+def free_bytes(path: Path) -> int:
+    """Free space on the disk that holds `path`, or would once it is made."""
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def disk_space(path: Path) -> str:
+    free = free_bytes(path) / 2**20
+    return f"{free:.1f} MiB free on its disk{': it is full' if free < 1 else ''}"
 
 
 def pack(root: Path, format: str, out: Path, short_side: int | None, quality: int, workers: int,
@@ -81,40 +104,27 @@ def pack(root: Path, format: str, out: Path, short_side: int | None, quality: in
     """Write the packed folder `out`; the counts, bytes and rate as a dict."""
     if format not in FORMATS:
         raise ConfigError(f"format={format} cannot be packed: pick one of {', '.join(FORMATS)}")
-    module = importlib.import_module(f".format.{format}", __package__)
     decoded = format == "tensor"
     if decoded and not short_side:
         raise ConfigError("format=tensor stores pixels at one size: pass pack.short_side=256 (or another size)")
     if out.exists() and not overwrite:
         raise ConfigError(f"pack.out={out} exists: pick another folder or pass pack.overwrite=true")
     train, val, classes = open_tree(root)
+    convert = Convert(decoded, short_side, quality)
+    needed, free = MARGIN * estimated_bytes((train, val), convert), free_bytes(out.parent)
+    if needed > free:
+        raise ConfigError(f"pack.out={out}: the pack needs about {needed / 2**20:.1f} MiB and its disk has "
+                          f"{free / 2**20:.1f} MiB free; free some space or pick a pack.out on another disk")
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     partial.mkdir(parents=True)
     start, meta, skipped = time.perf_counter(), {"format": format, "classes": classes, "short_side": short_side,
                                                   "quality": quality if short_side else None, "splits": {}}, []
-    convert = Convert(decoded, short_side, quality)
     try:
-        with multiprocessing.Pool(workers) as pool:
-            for split, store in zip(SPLITS, (train, val)):
-                kept = 0
-                payloads = pool.imap(convert, store.paths, chunksize=8)
-                bar = tqdm(payloads, total=len(store), desc=f"pack {split}", unit="img", mininterval=2)
-
-                def records():
-                    nonlocal kept
-                    for index, payload in enumerate(bar):
-                        if isinstance(payload, Exception):
-                            if on_error == "raise":
-                                raise ConfigError(f"unreadable image {store.paths[index]}: {payload}")
-                            log.warning("leaving out unreadable image %s: %s", store.paths[index], payload)
-                            skipped.append(str(store.paths[index]))
-                            continue
-                        kept += 1
-                        yield payload, int(store.labels[index])
-
-                file = partial / f"{split}{module.SUFFIX}"
-                module.write(file, records())
-                meta["splits"][split] = {"file": file.name, "images": kept, "bytes": file.stat().st_size}
+        for split, store in zip(SPLITS, (train, val)):
+            file = partial / f"{split}{importlib.import_module(f'.format.{format}', __package__).SUFFIX}"
+            kept, left_out = write_split(format, file, store, convert, workers, on_error, split)
+            skipped += left_out
+            meta["splits"][split] = {"file": file.name, "images": kept, "bytes": file.stat().st_size}
         (partial / META).write_text(json.dumps(meta, indent=1))
         if out.exists():
             shutil.rmtree(out)
@@ -131,6 +141,81 @@ def pack(root: Path, format: str, out: Path, short_side: int | None, quality: in
     return {"out": str(out), "format": format, "images": images, "skipped": len(skipped),
             "source_mb": source_bytes / 1e6, "packed_mb": packed_bytes / 1e6, "seconds": seconds,
             "images_per_s": images / seconds}
+
+
+def write_split(format: str, file: Path, store, convert: Convert, workers: int, on_error: str,
+                split: str) -> tuple[int, list[str]]:
+    """(images kept, files left out) of one split, written by a child process.
+
+    On a full disk the native writers can take their process down with no message at all: LMDB with
+    SIGBUS, HDF5 with a segfault while closing a file whose flush failed. In a child, only the child
+    goes; the caller gets one line.
+    """
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+    child = multiprocessing.Process(target=_write_split, name=f"pack-{split}",
+                                    args=(format, file, store, convert, workers, on_error, split, sender))
+    child.start()
+    sender.close()  # the child holds the only sending end: its death reads as EOF here
+    try:
+        outcome = receiver.recv()
+    except EOFError:
+        outcome = None
+    except BaseException:
+        child.kill()
+        raise
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    if outcome is not None and outcome[0] == "ok":
+        return outcome[1], outcome[2]
+    if outcome == ("interrupted",):
+        raise KeyboardInterrupt
+    if outcome is not None:
+        error = outcome[1]
+        raise type(error)(f"pack failed, nothing written: {error}")
+    died = f"signal {signal.Signals(-child.exitcode).name}" if child.exitcode < 0 else f"exit code {child.exitcode}"
+    raise ClearError(f"pack failed, nothing written: the {format} writer of {file.name} died ({died}; "
+                     f"{disk_space(file)})")
+
+
+def _write_split(format: str, file: Path, store, convert: Convert, workers: int, on_error: str, split: str,
+                 sender) -> None:
+    """The child's side of write_split: convert with a pool of workers, write, send the outcome, and leave
+    without running any finalizer (a native library's, after a failed write, is what crashes)."""
+    kept, skipped = 0, []
+
+    def records(payloads):
+        nonlocal kept
+        for index, payload in enumerate(tqdm(payloads, total=len(store), desc=f"pack {split}", unit="img",
+                                             mininterval=2)):
+            if isinstance(payload, Exception):
+                if on_error == "raise":
+                    raise ConfigError(f"unreadable image {store.paths[index]}: {payload}")
+                log.warning("leaving out unreadable image %s: %s", store.paths[index], payload)
+                skipped.append(str(store.paths[index]))
+                continue
+            kept += 1
+            yield payload, int(store.labels[index])
+
+    try:
+        module = importlib.import_module(f".format.{format}", __package__)
+        with multiprocessing.Pool(workers) as pool:
+            module.write(file, records(pool.imap(convert, store.paths, chunksize=8)))
+        outcome = ("ok", kept, skipped)
+    except ClearError as err:
+        outcome = ("error", err)
+    except KeyboardInterrupt:
+        outcome = ("interrupted",)
+    except Exception as err:  # noqa: BLE001 - every library reports a failed write its own way
+        failures.log_traceback(err)
+        outcome = ("error", ClearError(f"writing {file} failed: {str(err).splitlines()[0][:300]} "
+                                       f"({disk_space(file)})"))
+    sender.send(outcome)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="pack")

@@ -30,9 +30,11 @@ class Precision:
     def autocast(self):
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
 
-    def step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, step: int) -> None:
-        """Backward, optimizer step and loss-scale update; notes a non-finite loss the scaler did not skip."""
+    def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
+
+    def apply(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Optimizer step and loss-scale update, after `backward`; notes a non-finite loss the scaler did not skip."""
         self.scaler.step(optimizer)
         skipped = torch.zeros((), dtype=torch.long, device=loss.device)
         if self.scaler.is_enabled():

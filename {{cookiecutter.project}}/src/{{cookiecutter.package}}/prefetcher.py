@@ -56,21 +56,24 @@ class ThreadPrefetcher(NoPrefetcher):
         ready, stop = queue.Queue(self.depth), threading.Event()
         done = object()
 
+        def offer(item) -> bool:
+            """Queue `item` unless the consumer has left; a blocking put would wait for it forever."""
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def fill() -> None:
             try:
                 for batch in self.loader:
-                    item = self.to_device(batch)
-                    while not stop.is_set():
-                        try:
-                            ready.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
+                    if not offer(self.to_device(batch)):
                         return
-                ready.put(done)
+                offer(done)
             except BaseException as error:  # noqa: BLE001 - handed to the training thread as it is
-                ready.put(_Raised(error))
+                offer(_Raised(error))
 
         thread = threading.Thread(target=fill, daemon=True, name="prefetcher")
         thread.start()

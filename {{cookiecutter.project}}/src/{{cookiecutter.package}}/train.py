@@ -20,15 +20,15 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
-from . import checkpoint, cudnn, distributed, faults
+from . import checkpoint, cudnn, distributed, failures, faults
 from .clock import Clock, Window, make_clock
-from .config import ClearError, build, check
+from .config import build, check
 from .data import make_loaders
 from .distributed import World
 from .evaluate import evaluate
 from .logger import NullLogger
 from .model import compiled
-from .precision import Precision, make_precision
+from .precision import NonFiniteLoss, Precision, make_precision
 from .preempt import Preempted, StopRequest
 from .prefetcher import NoPrefetcher
 from .profiler import NoProfiler
@@ -62,6 +62,8 @@ class Run:
     step: int = 0
     batch_in_epoch: int = 0  # batches of the current epoch already trained on
     windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
+    identity: dict = field(default_factory=dict)  # what a checkpoint of this run holds: model and classes
+    updating: bool = False  # inside update(): the weights may be ahead of the step count
 
     @property
     def device(self) -> torch.device:
@@ -71,10 +73,21 @@ class Run:
     def out_of_steps(self) -> bool:
         return self.max_steps is not None and self.step >= self.max_steps
 
+    def update(self, loss: torch.Tensor) -> None:
+        """Backward, then optimizer and scheduler step and the step count: a checkpoint is consistent before
+        `updating` is set and after it is cleared, never in between."""
+        self.precision.backward(loss)
+        self.updating = True
+        self.precision.apply(loss, self.optimizer, self.step)
+        self.scheduler.step()
+        self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
+        self.updating = False
+
     def state(self) -> dict:
         return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
-                "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
+                "identity": self.identity, "epoch": self.epoch, "step": self.step,
+                "batch_in_epoch": self.batch_in_epoch,
                 "windows": [(asdict(window), system) for window, system in self.windows]}
 
     def restore(self, state: dict) -> None:
@@ -102,6 +115,9 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
         total_steps = min(total_steps, cfg.train.max_steps)
     scheduler = build(cfg.schedule, optimizer=optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
     resume_from, state = checkpoint.resume_state(cfg.resume, run_dir, world)
+    identity = {"model": cfg.model.name, "classes": len(splits.classes)}
+    if state:
+        checkpoint.check_fits(state, distributed.unwrap(model), resume_from, identity)
     writes = world.is_main  # the other ranks get objects that write nothing
     run = Run(model, optimizer, scheduler, torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
               precision, *loaders, make_clock(device, cfg.train.host_split), SystemMonitor(device),
@@ -109,9 +125,11 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
               build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
               checkpoint.Checkpoints(run_dir, writes), StopRequest(), world, cfg.train.log_every,
               cfg.train.max_steps if cfg.train.max_steps > 0 else None,
-              cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None)
+              cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
+              identity=identity)
     if state:
         run.restore(state)
+        run.checkpoints.saved_step = run.step
         log.info("resumed from %s at epoch %d, step %d (batch %d of the epoch)", resume_from, run.epoch, run.step,
                  run.batch_in_epoch)
     log.info("%s on %s (%d process%s): %d classes, %d train / %d val images, %d steps per epoch per process",
@@ -147,15 +165,13 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     run.clock.start()
     bar = tqdm(run.clock.timed(run.train_loader), total=len(run.train_loader), initial=start, desc=f"epoch {epoch}",
                mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
-    for run.batch_in_epoch, (images, labels) in enumerate(bar, start=start + 1):
+    for images, labels in bar:
         with run.precision.autocast():
             loss = run.criterion(run.model(images), labels)
         run.optimizer.zero_grad(set_to_none=True)
-        run.precision.step(loss, run.optimizer, run.step)
-        run.scheduler.step()
+        run.update(loss)
         run.profiler.step()
         loss_sum += loss.detach().nan_to_num(0.0, 0.0, 0.0)  # an fp16 step the scaler skipped adds nothing
-        run.step += 1
         if run.step % run.log_every == 0:
             end_window(run, bar, loss_sum)
         if run.out_of_steps:
@@ -190,31 +206,53 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, skipped_files
             "env": environment(run.device)}
 
 
+def run_epochs(run: Run, epochs: int) -> tuple[float, float]:
+    """Train and validate epoch by epoch, a checkpoint after each; the last validation's top-1 and top-5."""
+    scores = None
+    with run.profiler:
+        while run.epoch < epochs and not run.out_of_steps:
+            if train_one_epoch(run, run.epoch):
+                run.epoch, run.batch_in_epoch = run.epoch + 1, 0
+            scores = validate(run)
+            run.checkpoints.save(run.state())
+    return scores or validate(run)  # a resumed run that had nothing left still reports its accuracy
+
+
+def keep_progress(run: Run, err: BaseException) -> None:
+    """After a failure that left the weights sound, save the last completed step, and tell the error where
+    `resume=auto` will carry on from. A non-finite loss, or a failure in the middle of an update, keeps the
+    last good checkpoint instead."""
+    sound = not (run.updating or isinstance(err, (NonFiniteLoss, KeyboardInterrupt)))
+    if sound and run.step > run.checkpoints.saved_step:
+        try:
+            run.checkpoints.save(run.state())
+        except checkpoint.WriteError as unsaved:
+            log.error("the run failed, and saving its last step failed too: %s", unsaved)
+    if run.checkpoints.writes and run.checkpoints.saved_step >= 0:
+        err.resume_step = run.checkpoints.saved_step
+
+
 def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     check(cfg)
     cudnn.configure(cfg.cudnn)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    failures.worker_deaths_surface_in_next()
     run, splits, num_workers = make_run(cfg, run_dir, world)
-    scores = None
     try:
-        with run.profiler:
-            while run.epoch < cfg.train.epochs and not run.out_of_steps:
-                if train_one_epoch(run, run.epoch):
-                    run.epoch, run.batch_in_epoch = run.epoch + 1, 0
-                scores = validate(run)
-                run.checkpoints.save(run.state())
+        top1, top5 = run_epochs(run, cfg.train.epochs)
     except Preempted as stop:
         run.checkpoints.save(run.state())
-        run.logger.close()
         log.info("stopped by %s at step %d (epoch %d, batch %d); checkpoint saved: continue with resume=auto "
                  "hydra.run.dir=%s", stop, run.step, run.epoch, run.batch_in_epoch, run_dir)
         return {}
-    finally:
+    except BaseException as err:
+        keep_progress(run, err)
+        raise
+    finally:  # every way out: the sampler thread and the TensorBoard writer end here
         run.clock.close()
-    top1, top5 = scores or validate(run)  # a resumed run that had nothing left still reports its accuracy
-    run.logger.close()
+        run.logger.close()
     summary = summarize(run, cfg, top1, top5, splits.skipped_files(world), num_workers)
     if world.is_main:
         checkpoint.write_atomic(run_dir / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
@@ -232,9 +270,14 @@ def main(cfg: DictConfig) -> None:
     try:
         world = distributed.setup(cfg.distributed.timeout_min)
         train(cfg, Path(HydraConfig.get().runtime.output_dir), world)
-    except ClearError as err:
-        sys.exit(f"error: {err}")
+    except BaseException as err:  # noqa: BLE001 - what the user can act on becomes one line; a bug re-raises
+        line = failures.explain(err)
+        failures.log_traceback(err)
+        if line is None:
+            raise
+        sys.exit(f"error: {line}")
     finally:
+        failures.end_workers()
         distributed.teardown()
 
 

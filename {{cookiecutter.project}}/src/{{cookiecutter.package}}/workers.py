@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from .checkpoint import write_atomic
+from .checkpoint import WriteError, write_atomic
 from .config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,17 @@ def images_per_s(loader, batch_size: int) -> float:
     return timed * batch_size / (time.perf_counter() - start)
 
 
+def read_cache() -> dict:
+    """The measured worker counts, or none when the cache is missing or unreadable: they are measured again."""
+    try:
+        return json.loads(CACHE.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        log.warning("loader.num_workers=auto: ignoring the unreadable cache %s (%s)", CACHE, err)
+        return {}
+
+
 def pick_num_workers(value: int | str, dataset, batch_size: int, loader_with: Callable[[int], Iterable]) -> int:
     """The worker count to use: `value` as given, or for `auto` the fastest of a sweep of `loader_with(count)`."""
 
@@ -53,7 +64,7 @@ def pick_num_workers(value: int | str, dataset, batch_size: int, loader_with: Ca
     cores = cores_per_process()
     key = f"{platform.node()}|{cores} cores|{dataset.store.name(0)}|{len(dataset)}|{type(dataset.transform).__name__}" \
           f"|{getattr(dataset.transform, 'size', '')}|batch {batch_size}"
-    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
+    cache = read_cache()
     if key in cache:
         log.info("loader.num_workers=auto: %d (measured before, cached in %s)", cache[key], CACHE)
         return cache[key]
@@ -67,6 +78,10 @@ def pick_num_workers(value: int | str, dataset, batch_size: int, loader_with: Ca
     chosen = min(count for count, rate in rates.items() if rate >= (1 - CLOSE_ENOUGH) * best)
     log.info("loader.num_workers=auto: %s images/s by worker count; using %d",
              ", ".join(f"{count}: {rate:.0f}" for count, rate in rates.items()), chosen)
-    CACHE.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(CACHE, lambda path: path.write_text(json.dumps({**cache, key: chosen}, indent=1)))
+    try:
+        CACHE.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(CACHE, lambda path: path.write_text(json.dumps({**cache, key: chosen}, indent=1)))
+    except (OSError, WriteError) as err:
+        log.warning("loader.num_workers=auto: could not cache the measurement in %s (%s); the next run measures "
+                    "again", CACHE, err)
     return chosen

@@ -1,0 +1,196 @@
+"""Every failure ends the run within seconds: one `error:` line, the traceback in the log file, no process
+left behind, and the last completed step saved for resume=auto."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from conftest import LONGER, PACKAGE, PROJECT, QUIET, cli_command, finish, start_cli, summary, wait_for
+
+SECONDS_TO_EXIT = 30
+
+
+def error_line(stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return lines[-1]
+
+
+def left_behind(run_dir: Path) -> list[int]:
+    """Processes still running for this run folder (its loader workers share the command line)."""
+    return [process.pid for process in psutil.process_iter(["cmdline"])
+            if any(str(run_dir) in part for part in process.info["cmdline"] or [])]
+
+
+def saved_step(run_dir: Path) -> int:
+    return torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)["step"]
+
+
+def run_patched(patch: str, command: list[str]) -> str:
+    """A script that applies `patch` (code; {package} is the package), then runs `command` as python -m would."""
+    return (f"import runpy, sys\n{patch.format(package=PACKAGE)}sys.argv = {['train', *command[3:]]!r}\n"
+            f"runpy.run_module('{PACKAGE}.train', run_name='__main__', alter_sys=True)\n")
+
+
+def test_a_worker_that_raises_ends_the_run_with_one_line_and_its_last_step_saved(tmp_path, train_cli):
+    run_dir = tmp_path / "run"
+    began = time.monotonic()
+    result = train_cli(run_dir, *LONGER, "loader.num_workers=2", "faults.worker_error_at=60", check=False)
+    assert time.monotonic() - began < 2 * SECONDS_TO_EXIT  # start-up included
+    assert result.returncode == 1 and not left_behind(run_dir)
+    line = error_line(result.stderr)
+    assert line.startswith("error: faults.worker_error_at=60: the loader worker reading training image number 60 "
+                           "of this run raised, as asked (in loader worker ")
+    step = saved_step(run_dir)
+    assert 0 < step < 30 and line.endswith(f"; resume=auto continues from step {step}")
+    assert "Traceback" in (run_dir / "train.log").read_text()  # the details are kept, in the log
+
+
+def test_a_worker_killed_like_the_oom_killer_does_ends_the_run_within_seconds(tmp_path, cache_dir, tiny_root):
+    run_dir = tmp_path / "run"
+    process = start_cli(run_dir, (*LONGER, "train.epochs=8", "loader.num_workers=2"), cache_dir, tiny_root, env=QUIET)
+    workers = []
+    wait_for(lambda: (run_dir / "last.pt").exists() and workers.extend(psutil.Process(process.pid).children())
+             or workers, process)  # past the first epoch, with workers running
+    worker = workers[0]
+    worker.kill()
+    killed = time.monotonic()
+    stderr = finish(process, timeout=120)
+    assert time.monotonic() - killed < SECONDS_TO_EXIT and process.returncode == 1
+    line = error_line(stderr)
+    assert re.match(rf"error: a loader worker \(pid {worker.pid}\) (died|was killed by a signal \(Killed\)), most "
+                    r"likely out of memory: lower loader.num_workers or loader.prefetch_factor; resume=auto continues "
+                    r"from step \d+$", line), line
+    assert line.endswith(f"step {saved_step(run_dir)}") and saved_step(run_dir) >= 30
+    assert not left_behind(run_dir)
+
+
+def test_workers_do_not_outlive_a_training_process_killed_outright(tmp_path, cache_dir, tiny_root):
+    """SIGKILL (torchrun giving up on a rank, the OOM killer) leaves no handler to run: the workers, which
+    ignore SIGTERM, notice their parent is gone (torch's worker loop checks every 5 s) and leave."""
+    run_dir = tmp_path / "run"
+    process = start_cli(run_dir, (*LONGER, "loader.num_workers=2", "loader.persistent_workers=true"), cache_dir,
+                        tiny_root, env=QUIET)
+    workers = []
+    wait_for(lambda: (run_dir / "last.pt").exists() and workers.extend(psutil.Process(process.pid).children())
+             or workers, process)
+    process.kill()
+    finish(process, timeout=30)
+    gone, alive = psutil.wait_procs(workers, timeout=15)
+    assert len(gone) == len(workers) >= 2 and not alive
+
+
+def test_a_bug_in_a_worker_keeps_its_traceback_and_still_ends_the_run(tmp_path, cache_dir, tiny_root):
+    run_dir = tmp_path / "run"
+    command = cli_command(run_dir, ("loader.num_workers=2",), cache_dir, tiny_root)
+    script = run_patched("from {package} import data\n"
+                         "data.TrainCrop.__call__ = lambda self, width, height: 1 / 0  # a bug in our own code\n",
+                         command)
+    began = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, **QUIET})
+    assert time.monotonic() - began < 2 * SECONDS_TO_EXIT and result.returncode == 1
+    assert "ZeroDivisionError" in result.stderr  # not an unreadable image to skip: a bug, shown as one
+    assert "skipping unreadable image" not in (run_dir / "train.log").read_text()
+    assert not left_behind(run_dir)
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_anything_loads(tmp_path, train_cli):
+    train_cli(tmp_path / "resnet18")
+    result = train_cli(tmp_path / "run", "model.name=resnet34", f"resume={tmp_path / 'resnet18/last.pt'}",
+                       check=False)
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith(
+        f"error: resume={tmp_path / 'resnet18/last.pt'} holds resnet18 with 3 classes, and this run builds resnet34 "
+        "with 3 classes: ")
+    assert {path.name for path in (tmp_path / "run").iterdir()} <= {".hydra", "train.log"}
+
+
+def test_a_data_set_half_unreadable_stops_the_run_in_one_line(tmp_path, tiny_root, train_cli):
+    root = shutil.copytree(tiny_root, tmp_path / "data")
+    for path in sorted((root / "train").rglob("*.JPEG"))[::2]:
+        path.write_bytes(b"not an image")
+    result = train_cli(tmp_path / "run", "data=imagenet", f"data.root={root}", "loader.num_workers=2", check=False)
+    assert result.returncode == 1
+    assert re.match(r"error: 1\d of the \d+ images read so far are unreadable, more than data.max_bad_fraction=0.01: "
+                    r"is this the data set you meant\?", error_line(result.stderr)), result.stderr[-1000:]
+    assert not left_behind(tmp_path / "run")
+
+
+def test_a_full_disk_during_training_is_one_line_and_leaves_no_half_checkpoint(tmp_path, small_disk, cache_dir,
+                                                                                 tiny_root):
+    disk = small_disk(6)  # room for the logs and TensorBoard, not for a ResNet-18 checkpoint (45 MB)
+    run_dir = (disk or tmp_path) / "run"
+    command = cli_command(run_dir, (), cache_dir, tiny_root)
+    inject = "" if disk else (  # no tmpfs without root: the same failure, raised where torch.save writes
+        "import torch; torch.save = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("
+        "'[enforce fail at inline_container.cc:671] . unexpected pos 576 vs 534'))\n")
+    script = run_patched(inject, command)
+    result = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, **QUIET})
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert line.startswith(f"error: could not write {run_dir / 'last.pt'}: ") and "; any earlier last.pt is intact" \
+        in line
+    assert not [path for path in run_dir.iterdir() if path.name.endswith(".pt") or ".partial" in path.name]
+
+
+def test_sigterm_still_stops_at_the_window_and_leaves_no_worker(tmp_path, cache_dir, tiny_root):
+    run_dir = tmp_path / "run"
+    process = start_cli(run_dir, (*LONGER, "loader.num_workers=2", "loader.persistent_workers=true"), cache_dir,
+                        tiny_root, env=QUIET)
+    wait_for(lambda: (run_dir / "last.pt").exists(), process)
+    process.send_signal(signal.SIGTERM)
+    stderr = finish(process, timeout=120)
+    assert process.returncode == 0, stderr[-2000:]
+    assert "stopped by SIGTERM" in (run_dir / "train.log").read_text() and not left_behind(run_dir)
+    assert not (run_dir / "summary.json").exists() and summary  # resume=auto finishes it (test_train)
+
+
+EXACT = (*LONGER, "train.epochs=4", "cudnn=deterministic", "loader.num_workers=2")  # 120 steps
+
+
+def final_weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)["model"]
+
+
+def test_three_interruptions_resume_to_the_weights_of_an_uninterrupted_run(tmp_path, cache_dir, tiny_root,
+                                                                          train_cli):
+    """SIGTERM, an exception in a loader worker, a worker killed: each time resume=auto, and the same bits."""
+    train_cli(tmp_path / "straight", *EXACT)
+    run_dir = tmp_path / "interrupted"
+    log = run_dir / "train.log"
+
+    process = start_cli(run_dir, EXACT, cache_dir, tiny_root, env=QUIET)
+    wait_for(lambda: (run_dir / "last.pt").exists(), process)
+    process.send_signal(signal.SIGTERM)
+    assert (finish(process, timeout=120), process.returncode)[1] == 0
+    stops = [saved_step(run_dir)]
+
+    failed = train_cli(run_dir, *EXACT, "resume=auto", "faults.worker_error_at=40", check=False)
+    assert failed.returncode == 1 and "faults.worker_error_at=40" in error_line(failed.stderr)
+    stops.append(saved_step(run_dir))
+
+    process = start_cli(run_dir, (*EXACT, "resume=auto"), cache_dir, tiny_root, env=QUIET)
+    workers = []
+    wait_for(lambda: log.read_text().count("resumed from") == 2 and (
+        workers.extend(psutil.Process(process.pid).children()) or workers), process)
+    time.sleep(1.0)  # some steps past the checkpoint it resumed from
+    workers[0].kill()
+    assert (finish(process, timeout=120), process.returncode)[1] == 1
+    stops.append(saved_step(run_dir))
+
+    train_cli(run_dir, *EXACT, "resume=auto")
+    assert 0 < stops[0] < stops[1] < stops[2] < 120, stops  # each interruption kept the progress before it
+    assert summary(run_dir)["steps"] == summary(tmp_path / "straight")["steps"] == 120
+    expected, resumed = final_weights(tmp_path / "straight"), final_weights(run_dir)
+    assert expected.keys() == resumed.keys()
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected), [
+        name for name in expected if not torch.equal(expected[name], resumed[name])][:5]
