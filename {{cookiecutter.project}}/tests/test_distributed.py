@@ -95,20 +95,25 @@ def test_elastic_restart_resumes_from_the_checkpoint(tmp_path, cache_dir, tiny_r
     assert summary(run_dir)["steps"] == STEPS_WITH_TWO_PROCESSES
 
 
-def test_a_loader_worker_killed_in_one_process_lets_torchrun_restart_the_group(tmp_path, cache_dir, tiny_root):
-    """The failing process ends with its one line, the other one does not hang in a collective, and
-    torchrun's one restart resumes from the checkpoint and finishes."""
+def two_processes_past_a_checkpoint(run_dir, overrides, max_restarts, cache_dir, tiny_root):
+    """A 2-process torchrun job, once its first checkpoint is written: (torchrun, its processes by RANK)."""
     import psutil
 
-    run_dir = tmp_path / "run"
     launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                "--max-restarts=1")
-    process = start_cli(run_dir, (*LONGER, "loader.num_workers=1"), cache_dir, tiny_root, launcher=launcher,
-                        env=TWO_PROCESSES)
+                f"--max-restarts={max_restarts}")
+    process = start_cli(run_dir, (*LONGER, *overrides), cache_dir, tiny_root, launcher=launcher, env=TWO_PROCESSES)
     ranks = {}
     wait_for(lambda: (run_dir / "last.pt").exists() and ranks.update(
         (rank.environ()["RANK"], rank) for rank in psutil.Process(process.pid).children()) or len(ranks) == 2,
              process)
+    return process, ranks
+
+
+def test_a_loader_worker_killed_in_one_process_lets_torchrun_restart_the_group(tmp_path, cache_dir, tiny_root):
+    """The failing process ends with its one line, the other one does not hang in a collective, and
+    torchrun's one restart resumes from the checkpoint and finishes."""
+    run_dir = tmp_path / "run"
+    process, ranks = two_processes_past_a_checkpoint(run_dir, ("loader.num_workers=1",), 1, cache_dir, tiny_root)
     loader_worker = ranks["1"].children()[0]
     loader_worker.kill()
     stderr = finish(process, timeout=400)
@@ -121,21 +126,14 @@ def test_a_loader_worker_killed_in_one_process_lets_torchrun_restart_the_group(t
 
 
 def test_a_process_that_stops_answering_fails_the_collective_instead_of_hanging(tmp_path, cache_dir, tiny_root):
-    import psutil
-
     run_dir = tmp_path / "run"
-    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                "--max-restarts=0")
-    process = start_cli(run_dir, (*LONGER, "distributed.timeout_min=0.1"), cache_dir, tiny_root, launcher=launcher,
-                        env=TWO_PROCESSES)
-    ranks = {}
-    wait_for(lambda: (run_dir / "last.pt").exists() and ranks.update(
-        (rank.environ()["RANK"], rank) for rank in psutil.Process(process.pid).children()) or len(ranks) == 2,
-             process)
+    process, ranks = two_processes_past_a_checkpoint(run_dir, ("distributed.timeout_min=0.3",), 0, cache_dir,
+                                                     tiny_root)
     ranks["1"].suspend()  # alive but silent, as a process stuck in a driver call would be
-    stderr = finish(process, timeout=120)  # 6 s for the collective, then torchrun's 30 s grace for the stuck one
-    assert process.returncode == 1
-    assert re.search(r"error: a collective across the processes failed \(Timed out waiting 6000ms .*; resume=auto "
+    # 18 s (long enough for a checkpoint on a busy machine) for the collective, then torchrun's 30 s grace
+    stderr = finish(process, timeout=150)
+    assert process.returncode == 1, stderr[-3000:]
+    assert re.search(r"error: a collective across the processes failed \(Timed out waiting 18000ms .*; resume=auto "
                      r"continues from step \d+", stderr), stderr[-3000:]
 
 

@@ -100,10 +100,10 @@ def worker_deaths_surface_in_next() -> None:
 
 
 def end_workers() -> None:
-    """SIGKILL the loader workers still alive.
+    """SIGKILL this process's workers still alive: loader workers, or a pack's converters.
 
-    They ignore SIGTERM and SIGINT so that the training process alone decides how to stop; at exit,
-    multiprocessing would send them SIGTERM and wait for them forever.
+    Loader workers ignore SIGTERM and SIGINT so that the training process alone decides how to stop; at
+    exit, multiprocessing would send them SIGTERM and wait for them forever.
     """
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the DataLoader's handler would raise at each death we cause
     for child in multiprocessing.active_children():

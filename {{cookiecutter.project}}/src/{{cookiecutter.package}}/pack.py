@@ -24,6 +24,7 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from PIL import Image
+from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from . import failures
@@ -180,9 +181,27 @@ def write_split(format: str, file: Path, store, convert: Convert, workers: int, 
                      f"{disk_space(file)})")
 
 
+class Converted(Dataset):
+    """The files at `paths` through `convert`, in order: an unreadable one as the exception it raised."""
+
+    def __init__(self, paths: list[Path], convert: Convert):
+        self.paths, self.convert = paths, convert
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        return self.convert(self.paths[index])
+
+
+def as_is(item):
+    """The DataLoader's collate for single items, which would otherwise turn arrays into tensors."""
+    return item
+
+
 def _write_split(format: str, file: Path, store, convert: Convert, workers: int, on_error: str, split: str,
                  sender) -> None:
-    """The child's side of write_split: convert with a pool of workers, write, send the outcome, and leave
+    """The child's side of write_split: convert with `workers` processes, write, send the outcome, and leave
     without running any finalizer (a native library's, after a failed write, is what crashes)."""
     kept, skipped = 0, []
 
@@ -199,10 +218,13 @@ def _write_split(format: str, file: Path, store, convert: Convert, workers: int,
             kept += 1
             yield payload, int(store.labels[index])
 
+    # A DataLoader rather than a multiprocessing.Pool: when the write fails, its workers can be killed
+    # outright, where Pool.terminate() can wait forever for a result a worker was half-way through sending.
+    converted = DataLoader(Converted(store.paths, convert), batch_size=None, num_workers=workers,
+                           collate_fn=as_is, prefetch_factor=8 if workers else None)
     try:
         module = importlib.import_module(f".format.{format}", __package__)
-        with multiprocessing.Pool(workers) as pool:
-            module.write(file, records(pool.imap(convert, store.paths, chunksize=8)))
+        module.write(file, records(converted))
         outcome = ("ok", kept, skipped)
     except ClearError as err:
         outcome = ("error", err)
@@ -212,6 +234,7 @@ def _write_split(format: str, file: Path, store, convert: Convert, workers: int,
         failures.log_traceback(err)
         outcome = ("error", ClearError(f"writing {file} failed: {str(err).splitlines()[0][:300]} "
                                        f"({disk_space(file)})"))
+    failures.end_workers()
     sender.send(outcome)
     sys.stdout.flush()
     sys.stderr.flush()
