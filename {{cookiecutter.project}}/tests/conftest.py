@@ -14,8 +14,10 @@ from PIL import Image
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from {{ cookiecutter.package }} import options
+
 PROJECT = Path(__file__).resolve().parents[1]
-CONF = PROJECT / "conf"
+CONF = options.CONF
 PACKAGE = "{{ cookiecutter.package }}"
 
 # A run that takes seconds on two CPU cores and still goes through every stage.
@@ -25,20 +27,21 @@ TINY_RUN = ["model.name=resnet18", "train.batch_size=4", "train.epochs=1", "trai
             "loader.num_workers=0"]
 QUIET = {"PYTHONWARNINGS": "ignore"}
 CPU_ONLY = {**QUIET, "CUDA_VISIBLE_DEVICES": ""}  # for the tests that are about a machine without a GPU
-TINY_OPTIONS = {"profiler=torch": ["profiler.wait=1", "profiler.warmup=1", "profiler.active=1"]}
+TINY_OPTIONS = {"profiler=torch": ["profiler.wait=1", "profiler.warmup=1", "profiler.active=1"],
+                "decoder=none": ["format=tensor"], "format=tensor": ["decoder=none"]}  # what each option needs beside it
 
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")  # the machine's own: tests run the GPU paths where there is one
 # Two processes of one job need a GPU each; with fewer, their tests run both on the CPU.
 TWO_PROCESSES = {} if torch.cuda.device_count() >= 2 else {"CUDA_VISIBLE_DEVICES": ""}
-# GPU decoders run their same batched code with the CPU as device on a machine without a GPU.
-CPU_MODE = {"decoder=nvjpeg": ["decoder.decode_device=cpu"], "decoder=dali": ["decoder.device=cpu"]}
 
 
 def on_this_machine(choice: str) -> list[str]:
-    """The overrides that let `choice` run on this machine: its CPU mode where there is no GPU."""
-    return [] if CUDA else CPU_MODE.get(choice, [])
+    """The overrides that let `choice` ("group=option") run on this machine: on one without a GPU, the
+    settings its facts give for running without one (GPU decoders: their batched path on the CPU)."""
+    group, option = choice.split("=")
+    return [] if CUDA else options.facts(group, option).overrides_without_gpu(group)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -149,11 +152,11 @@ def tiny(overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path) -> list[s
     """The user's overrides on top of those that shrink the run and point the chosen data option at tiny data."""
     data = ([f"data.root={tiny_root}", "data.crop_size=32", "data.val_resize=36"] if "data=imagenet" in overrides
             else [f"data.cache_dir={cache_dir}", *TINY_DATA])
-    options = [shrink for choice, shrinks in TINY_OPTIONS.items() if choice in overrides for shrink in shrinks]
-    packed = [f"format.path={cache_dir / f'packed-{choice[7:]}'}" for choice in overrides
+    needed = [shrink for choice, shrinks in TINY_OPTIONS.items() if choice in overrides for shrink in shrinks]
+    packed = [f"format.path={cache_dir / f'packed-{choice[7:]}'}" for choice in [*needed, *overrides]
               if choice.startswith("format=") and choice != "format=folder"]
     staged = [f"staging.dir={cache_dir / 'staged'}", "staging.reserve_gb=0"] if "staging=tmpfs" in overrides else []
-    return [*data, *TINY_RUN, *options, *packed, *staged, *overrides]
+    return [*data, *TINY_RUN, *needed, *packed, *staged, *overrides]
 
 
 @pytest.fixture

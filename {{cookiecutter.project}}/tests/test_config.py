@@ -5,12 +5,14 @@ import sys
 
 import pytest
 import torch
-from conftest import CONF, DEVICE
+from conftest import CONF, DEVICE, on_this_machine
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }}.config import (RANGES, ConfigError, _bounds, build, check_ranges, describe_range,
                                            in_range, ranged_keys)
+from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.data import Source
+from {{ cookiecutter.package }}.decoder import Decoder
 from {{ cookiecutter.package }}.distributed import World
 
 OPTIONS = sorted((path.parent.name, path.stem) for path in CONF.glob("*/*.yaml"))
@@ -80,10 +82,8 @@ def check_format(stores, cfg, tmp_path, option):
 
 
 def check_decoder(decoder, cfg, tmp_path, option):
-    assert hasattr(decoder, "transform") and hasattr(decoder, "upload")
-    if option in ("nvjpeg", "dali"):
-        with pytest.raises(ConfigError, match="decodes on the GPU"):
-            decoder.check_device(torch.device("cpu"))
+    assert isinstance(decoder, Decoder)
+    decoder.check_device(DEVICE)  # built as this machine runs it
 
 
 def check_staging(stage, cfg, tmp_path, option):
@@ -104,11 +104,11 @@ def check_prefetcher(prefetcher, cfg, tmp_path, option):
 
 def prefetcher_args(tmp_path):
     from {{ cookiecutter.package }}.data import ToDevice
-    from {{ cookiecutter.package }}.decoder import pil
+    from {{ cookiecutter.package }}.decoder.pil import PilDecoder
 
     images = torch.zeros((6, 4, 4, 3), dtype=torch.uint8)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, torch.arange(6)), batch_size=3)
-    return {"loader": loader, "to_device": ToDevice(pil(), DEVICE, False)}
+    return {"loader": loader, "to_device": ToDevice(PilDecoder(), DEVICE, False)}
 
 
 def format_args(tmp_path, tiny_root):
@@ -130,8 +130,6 @@ RUNTIME = {
     "staging": (lambda tmp_path: {"world": World(0, 0, 1, torch.device("cpu"))}, check_staging),
     "prefetcher": (prefetcher_args, check_prefetcher),
 }
-GPU_ONLY = {"prefetcher=cuda_stream": "copies on a CUDA stream"}
-OPTIONAL = {"decoder=turbojpeg": "simplejpeg", "decoder=dali": "nvidia.dali", "format=lmdb": "lmdb"}
 
 
 def test_every_group_has_a_check():
@@ -140,12 +138,12 @@ def test_every_group_has_a_check():
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes_and_builds(group, option, compose_tiny, tmp_path, tiny_root):
-    choice = f"{group}={option}"
-    if choice in GPU_ONLY and DEVICE.type != "cuda":
-        pytest.skip(f"{choice} {GPU_ONLY[choice]} and this machine has no GPU")
-    if choice in OPTIONAL:
-        pytest.importorskip(OPTIONAL[choice], reason=f"{choice} needs its extra")
-    cfg = compose_tiny(choice)
+    choice, facts = f"{group}={option}", options.facts(group, option)
+    if facts.gpu and not facts.without_gpu and DEVICE.type != "cuda":
+        pytest.skip(f"{choice} {facts.gpu} and this machine has no GPU")
+    if facts.missing():
+        pytest.skip(f"{choice}: {facts.missing()}")
+    cfg = compose_tiny(choice, *on_this_machine(choice))
     runtime, check = RUNTIME[group]
     if group == "schedule":  # the schedule's peak is the optimizer's lr
         cfg.optim.lr = 0.2
@@ -154,13 +152,21 @@ def test_option_composes_and_builds(group, option, compose_tiny, tmp_path, tiny_
     check(built, cfg, tmp_path, option)
 
 
-def test_missing_optional_backend_is_refused_in_one_line_naming_its_extra(monkeypatch, tmp_path):
-    from {{ cookiecutter.package }}.config import ConfigError
-    from {{ cookiecutter.package }}.logger import tensorboard
+EXTRAS = [(group, option) for group, option in OPTIONS if options.facts(group, option).module]
 
-    monkeypatch.setitem(sys.modules, "tensorboard", None)  # what an absent package looks like to import
-    with pytest.raises(ConfigError, match=r"tensorboard is not installed .*: pip install -e '\.\[tensorboard\]'"):
-        tensorboard(tmp_path)
+
+@pytest.mark.parametrize(("group", "option"), EXTRAS, ids=[f"{g}={o}" for g, o in EXTRAS])
+def test_an_option_whose_package_is_missing_is_refused_with_its_install_command(group, option, compose_tiny,
+                                                                               monkeypatch):
+    facts = options.facts(group, option)
+    monkeypatch.setitem(sys.modules, facts.module, None)  # what an absent package looks like to import
+    with pytest.raises(ConfigError, match=rf"{facts.module} is not installed .*: pip install -e '\.\[{facts.extra}\]'"):
+        build(compose_tiny(f"{group}={option}")[group])
+
+
+def test_every_option_declares_only_known_facts():
+    for group, option in OPTIONS:
+        options.facts(group, option)  # a misspelt key raises TypeError
 
 
 def numeric_leaves(node, prefix: str = ""):

@@ -6,11 +6,13 @@ from {{ cookiecutter.package }}.config import ConfigError
 from conftest import ODD_FILES, encoded, photo
 
 from {{ cookiecutter.package }}.data import (MEAN, STD, Images, ToDevice, TrainCrop, UnreadableImage, WrongDataSet,
-                                      imagenet, make_loader, make_splits)
-from {{ cookiecutter.package }}.decoder import decoding, pil
+                                      imagenet, make_splits)
+from {{ cookiecutter.package }}.decoder import decoding
+from {{ cookiecutter.package }}.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.distributed import World
 from {{ cookiecutter.package }}.format import folder
 from {{ cookiecutter.package }}.format.folder import ImageFiles
+from {{ cookiecutter.package }}.loaders import make_loader
 from {{ cookiecutter.package }}.prefetcher import NoPrefetcher
 from {{ cookiecutter.package }}.staging import no_staging
 
@@ -28,7 +30,7 @@ def loader(dataset, batch_size: int, train: bool, world: World = ALONE, seed: in
 def folder_splits(root, size: int = 32, resize: int = 36, on_error: str = "skip", decoder=None):
     """The splits train.py would build for data=imagenet format=folder staging=none."""
     source = imagenet(str(root), size, resize, on_error)
-    return make_splits(source, folder.build(source, no_staging), decoder or pil())
+    return make_splits(source, folder.build(source, no_staging), decoder or PilDecoder())
 
 
 def test_bad_files_are_skipped_counted_once_and_batches_keep_their_size(tree_with_bad_files):
@@ -62,7 +64,7 @@ def test_missing_or_empty_root_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"train/ lacks: \['dog'\]"):
         folder_splits(tmp_path)
     with pytest.raises(ConfigError, match="on_error"):
-        Images(ImageFiles([]), pil().transform(TrainCrop(32), 32), "ignore")
+        Images(ImageFiles([]), PilDecoder().transform(TrainCrop(32)), "ignore")
 
 
 def augmented(seed: int, epochs: int = 2) -> list[torch.Tensor]:
@@ -74,7 +76,7 @@ def augmented(seed: int, epochs: int = 2) -> list[torch.Tensor]:
             return 8
 
         def __getitem__(self, index):
-            return pil().transform(TrainCrop(16), 16)(data), 0
+            return PilDecoder().transform(TrainCrop(16))(data), 0
 
     batches = loader(Same(), 2, False, seed=seed, num_workers=2)
     return [images for _ in range(epochs) for images, _ in batches]
@@ -93,7 +95,7 @@ def test_augmentation_differs_per_worker_and_epoch_and_repeats_per_seed():
 def test_to_device_normalises_into_nchw_float():
     images = torch.zeros((2, 4, 4, 3), dtype=torch.uint8)  # NHWC, as CPU decoders' workers deliver them
     images[0] = 255
-    normalised, labels = ToDevice(pil(), CPU, non_blocking=False)((images, torch.tensor([0, 1])))
+    normalised, labels = ToDevice(PilDecoder(), CPU, non_blocking=False)((images, torch.tensor([0, 1])))
     assert normalised.shape == (2, 3, 4, 4) and normalised.is_contiguous()
     expected = (255 - torch.tensor(MEAN)) / torch.tensor(STD)
     assert normalised.dtype == torch.float32 and torch.allclose(normalised[0, :, 0, 0], expected)

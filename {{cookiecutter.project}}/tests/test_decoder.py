@@ -1,36 +1,47 @@
-"""Every decoder agrees with every other: same labels, pixels within JPEG tolerance, same handling of odd files."""
+"""Every decoder agrees with every other: same labels, pixels within JPEG tolerance, same handling of odd
+files. The decoders come from conf/decoder/*.yaml, and what each needs from its own `_facts_`."""
+import importlib
 import sys
 
 import cv2
+import numpy as np
 import pytest
 import torch
-from conftest import CONF, DEVICE, ODD_FILES, encoded, on_this_machine, photo
+from conftest import DEVICE, ODD_FILES, encoded, on_this_machine, photo
 from hydra import compose, initialize_config_dir
 
+from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.config import ConfigError, build
 from {{ cookiecutter.package }}.data import CenterCrop, Images, TrainCrop, imagenet, make_splits
-from {{ cookiecutter.package }}.decoder import TurboJpegDecoder, pil
+from {{ cookiecutter.package }}.decoder import CpuDecoder, Decoder, resize_box
+from {{ cookiecutter.package }}.decoder.batch import BatchDecoder
+from {{ cookiecutter.package }}.decoder.none import NoDecoder
+from {{ cookiecutter.package }}.decoder.nvjpeg import crop_resize_flip
+from {{ cookiecutter.package }}.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.format import folder
 from {{ cookiecutter.package }}.staging import no_staging
 from test_data import ALONE, CPU, loader
 
-DECODERS = sorted(path.stem for path in (CONF / "decoder").glob("*.yaml"))
-NEEDS = {"turbojpeg": "simplejpeg", "dali": "nvidia.dali"}
+DECODERS = [name for name in options.options("decoder") if name != "none"]  # none: for format=tensor alone
 
 
-def make_decoder(name: str, size: int, *overrides: str):
-    if name in NEEDS:
-        pytest.importorskip(NEEDS[name], reason=f"decoder={name} needs pip install -e '.[{name}]'")
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", [f"decoder={name}", f"data.crop_size={size}", "train.batch_size=32",
-                                *on_this_machine(f"decoder={name}"), *overrides])
-    return build(cfg.decoder)
+def compose_decoder(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
+        return compose("train", [f"decoder={name}", "train.batch_size=32", *overrides]).decoder
 
 
-def crops(decoder, files: list[bytes], crop, size: int, device: torch.device = DEVICE) -> torch.Tensor:
+def make_decoder(name: str, *overrides: str) -> Decoder:
+    """The option as this machine can run it: its way without a GPU where there is none."""
+    missing = options.facts("decoder", name).missing()
+    if missing:
+        pytest.skip(f"decoder={name}: {missing}")
+    return build(compose_decoder(name, *on_this_machine(f"decoder={name}"), *overrides))
+
+
+def crops(decoder, files: list[bytes], crop, device: torch.device = DEVICE) -> torch.Tensor:
     """What the training step would receive, before normalisation: workers' transform, collate, upload to
     this machine's device; brought back to the CPU to compare."""
-    transform = decoder.transform(crop, size)
+    transform = decoder.transform(crop)
     images, _ = decoder.collate([(transform(data), 0) for data in files])
     uploaded = decoder.upload(images, device, non_blocking=False)
     assert uploaded.device.type == device.type
@@ -49,8 +60,8 @@ def mean_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def test_every_odd_file_decodes_like_pil(name, size, resize, tolerance):
     """CMYK, grayscale, PNG named .JPEG, progressive, EXIF-rotated, 4000x3000 and 16x16 all match Pillow."""
     files = list(ODD_FILES.values())
-    reference = crops(pil(), files, CenterCrop(size, resize), size)
-    result = crops(make_decoder(name, size), files, CenterCrop(size, resize), size)
+    reference = crops(PilDecoder(), files, CenterCrop(size, resize))
+    result = crops(make_decoder(name), files, CenterCrop(size, resize))
     assert result.dtype == torch.uint8 and result.shape == (len(files), 3, size, size)
     differences = dict(zip(ODD_FILES, mean_difference(result, reference).tolist()))
     assert max(differences.values()) < tolerance, differences
@@ -59,7 +70,7 @@ def test_every_odd_file_decodes_like_pil(name, size, resize, tolerance):
 @pytest.mark.parametrize("name", DECODERS)
 def test_no_decoder_applies_exif_orientation(name):
     """The EXIF-rotated file holds the same pixels as the plain one; a decoder that rotated it would differ."""
-    decoded = crops(make_decoder(name, 64), [ODD_FILES["rgb"], ODD_FILES["exif_rotated"]], CenterCrop(64, 73), 64)
+    decoded = crops(make_decoder(name), [ODD_FILES["rgb"], ODD_FILES["exif_rotated"]], CenterCrop(64, 73))
     assert mean_difference(decoded[:1], decoded[1:]).item() < 1.0
     left, right = decoded[0, :, :, :8].float().mean(), decoded[0, :, :, -8:].float().mean()
     assert right - left > 40  # the ramp still runs left to right: nothing turned it
@@ -69,7 +80,7 @@ def test_no_decoder_applies_exif_orientation(name):
 def test_random_crops_have_the_size_asked_and_flip_both_ways(name):
     torch.manual_seed(0)
     files = [ODD_FILES["rgb"]] * 24
-    result = crops(make_decoder(name, 48), files, TrainCrop(48, scale=(0.9, 1.0)), 48)
+    result = crops(make_decoder(name), files, TrainCrop(48, scale=(0.9, 1.0)))
     assert result.shape == (24, 3, 48, 48)
     ramp = result[:, :, :, -8:].float().mean((1, 2, 3)) - result[:, :, :, :8].float().mean((1, 2, 3))
     assert (ramp > 40).any() and (ramp < -40).any()  # mirrored ones run right to left
@@ -85,7 +96,7 @@ def test_decoders_agree_on_a_data_set_labels_and_pixels(name, tiny_root):
         images, labels = next(iter(loader(splits.val, 12, False, collate=decoder.collate)))
         return decoder.upload(images, DEVICE, False).cpu(), labels
 
-    (reference, reference_labels), (result, labels) = validation_batch(pil()), validation_batch(make_decoder(name, 224))
+    (reference, reference_labels), (result, labels) = validation_batch(PilDecoder()), validation_batch(make_decoder(name))
     assert torch.equal(labels, reference_labels)
     assert mean_difference(result, reference).max() < 4.0
 
@@ -93,56 +104,101 @@ def test_decoders_agree_on_a_data_set_labels_and_pixels(name, tiny_root):
 @pytest.mark.parametrize("name", DECODERS)
 def test_bad_files_are_skipped_the_same_way_by_every_decoder(name, tree_with_bad_files):
     source = imagenet(str(tree_with_bad_files), 32, 36, "skip")
-    splits = make_splits(source, folder.build(source, no_staging), make_decoder(name, 32))
+    splits = make_splits(source, folder.build(source, no_staging), make_decoder(name))
     batches = [labels for _, labels in loader(splits.train, 4, False, num_workers=2, collate=splits.decoder.collate)]
     assert [len(labels) for labels in batches] == [4, 4, 3]
     assert splits.skipped_files(ALONE) == 3
 
 
-@pytest.mark.parametrize("name", ["nvjpeg", "dali"])
+def test_each_decoder_is_one_yaml_one_module_and_declares_its_facts():
+    """A new decoder is conf/decoder/<name>.yaml and decoder/<name>.py: its tests and bench row follow."""
+    for name in options.options("decoder"):
+        node = compose_decoder(name)
+        module, _, cls = node._target_.rpartition(".")
+        assert module.endswith(f".decoder.{name}"), f"decoder={name} builds {node._target_}"
+        decoder_class = getattr(importlib.import_module(module), cls) if not options.facts("decoder", name).missing() \
+            else None
+        facts = options.facts("decoder", name)  # unknown keys would raise here
+        assert set(facts.without_gpu) <= set(node), f"decoder={name}: without_gpu names keys it does not have"
+        assert (facts.extra is None) == (facts.module is None)
+        if decoder_class is not None:  # a batch decoder wants a GPU, a CPU decoder does not
+            assert issubclass(decoder_class, BatchDecoder if facts.gpu else CpuDecoder), name
+
+
+@pytest.mark.parametrize("name", options.gpu_options("decoder"))
 def test_gpu_decoders_refuse_a_run_without_a_gpu(name):
-    if name in NEEDS:
-        pytest.importorskip(NEEDS[name], reason=f"decoder={name} needs pip install -e '.[{name}]'")
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        decoder = build(compose("train", [f"decoder={name}"]).decoder)
-    with pytest.raises(ConfigError, match=f"decoder={name} decodes on the GPU and this run has none"):
+    missing = options.facts("decoder", name).missing()
+    if missing:
+        pytest.skip(f"decoder={name}: {missing}")
+    decoder = build(compose_decoder(name))
+    with pytest.raises(ConfigError, match=f"decoder={name} decodes on the GPU and this run has none: pass "
+                                          "decoder.on_cpu=true"):
         decoder.check_device(CPU)
 
 
-def test_missing_simplejpeg_names_its_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "simplejpeg", None)
-    with pytest.raises(ConfigError, match=r"pip install -e '\.\[turbojpeg\]'"):
-        TurboJpegDecoder()
+@pytest.mark.parametrize("name", [name for name in DECODERS if options.facts("decoder", name).module])
+def test_a_missing_package_is_refused_with_its_install_command(name, monkeypatch):
+    facts = options.facts("decoder", name)
+    monkeypatch.setitem(sys.modules, facts.module, None)  # what an absent package looks like to import
+    with pytest.raises(ConfigError, match=rf"{facts.module} is not installed .*: pip install -e '\.\[{facts.extra}\]'"):
+        build(compose_decoder(name))
 
 
-def test_opencv_decoder_keeps_opencv_to_one_thread():
-    make_decoder("opencv", 32)
-    assert cv2.getNumThreads() == 1
+def test_opencv_keeps_to_one_thread_in_every_decoder_process():
+    assert cv2.getNumThreads() == 1  # set when the decoder package is imported, by any process
 
 
 def test_images_keep_the_store_label_whatever_the_decoder(tiny_root):
     source = imagenet(str(tiny_root), 32, 36, "raise")
     stores = folder.build(source, no_staging)
-    dataset = Images(stores.val, pil().transform(CenterCrop(32, 36), 32), "raise")
+    dataset = Images(stores.val, PilDecoder().transform(CenterCrop(32, 36)), "raise")
     assert [dataset[i][1] for i in range(len(dataset))] == stores.val.labels.tolist()
     assert sorted(set(stores.val.labels.tolist())) == [0, 1, 2]
+
+
+def test_decoder_none_is_for_stored_pixels_only(tiny_root, packs):
+    source = imagenet(str(tiny_root), 32, 36, "raise")
+    with pytest.raises(ConfigError, match="decoder=none is for formats that store decoded pixels"):
+        make_splits(source, folder.build(source, no_staging), NoDecoder())
+    from {{ cookiecutter.package }}.format import tensor
+
+    with pytest.raises(ConfigError, match="format=tensor stores decoded pixels, so there is nothing to decode: pass decoder=none"):
+        make_splits(source, tensor.build(str(packs["tensor"]), source, no_staging), PilDecoder())
 
 
 def test_reduced_scale_decode_stays_close_to_a_full_decode():
     """The DCT-domain shortcut (decode at 1/4 scale) stays close to decoding everything and resizing."""
     data = encoded(photo(2000, 1500), quality=95)
-    fast = crops(pil(), [data], CenterCrop(64, 73), 64)
-    full = crops(make_decoder("torchvision", 64), [data], CenterCrop(64, 73), 64)
+    fast = crops(PilDecoder(), [data], CenterCrop(64, 73))
+    full = crops(make_decoder("torchcodec"), [data], CenterCrop(64, 73))
     assert mean_difference(fast, full).item() < 4
 
 
+def test_batch_crops_never_sample_a_neighbouring_image():
+    """nvjpeg lays the batch's images out on one canvas: a crop at an image's edge must repeat that edge,
+    not blend in the next image or the gap."""
+    black, white = torch.zeros((3, 30, 50), dtype=torch.uint8), torch.full((3, 70, 20), 255, dtype=torch.uint8)
+    crops = crop_resize_flip([black, white, black], [(0, 0, 50, 30), (0, 0, 20, 70), (40, 20, 50, 30)],
+                             [False, True, False], 16)
+    assert crops.shape == (3, 3, 16, 16)
+    assert crops[0].max() == 0 and crops[1].min() == 255 and crops[2].max() == 0
+
+
+def test_batch_crops_resize_and_flip_like_the_cpu_path():
+    pixels = np.asarray(photo(300, 200))
+    box = (40, 30, 240, 180)
+    expected = resize_box(pixels, box, 64, flip=True).permute(2, 0, 1)
+    (result,) = crop_resize_flip([torch.from_numpy(pixels).permute(2, 0, 1)], [box], [True], 64)
+    assert mean_difference(result[None], expected[None]).item() < 3.0
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["nvjpeg", "dali"])
+@pytest.mark.parametrize("name", options.gpu_options("decoder"))
 def test_gpu_decoders_decode_whole_batches_on_the_gpu_like_pillow(name):
-    """The real device path: nvJPEG (through torchvision, or DALI's mixed backend), crops and flips on the GPU."""
-    decoder = make_decoder(name, 224)
-    assert decoder.decode_device == "cuda"
+    """The real device path: nvJPEG (through TorchCodec, or DALI's mixed backend), crops and flips on the GPU."""
+    decoder = make_decoder(name)
+    assert not decoder.on_cpu
     files = [data for kind, data in ODD_FILES.items() if kind not in ("cmyk", "png_named_jpeg")]  # the GPU's own
-    result = crops(decoder, files, CenterCrop(224, 256), 224)
-    reference = crops(pil(), files, CenterCrop(224, 256), 224, CPU)
+    result = crops(decoder, files, CenterCrop(224, 256))
+    reference = crops(PilDecoder(), files, CenterCrop(224, 256), CPU)
     assert mean_difference(result, reference).max() < 4.0

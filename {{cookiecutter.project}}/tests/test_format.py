@@ -14,7 +14,8 @@ from PIL import Image
 
 from {{ cookiecutter.package }}.config import ClearError, ConfigError
 from {{ cookiecutter.package }}.data import imagenet
-from {{ cookiecutter.package }}.decoder import PilDecoder, pil_size
+from {{ cookiecutter.package }}.decoder import pil_size
+from {{ cookiecutter.package }}.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.format import META, folder
 from {{ cookiecutter.package }}.pack import pack, shorter_side_to
 from {{ cookiecutter.package }}.staging import no_staging

@@ -66,8 +66,8 @@ def test_sweep_reports_each_run_beside_the_ceiling_and_records_failures(tmp_path
     assert real["status"] == "ok" and "prefetcher=none" in real["command"] and "prefetcher=resident" not in \
         real["command"]
     assert abs(float(real["vs_ceiling"]) - float(real["images_per_s"]) / ceiling) < 0.01
-    assert rows["nvjpeg"]["status"] == "failed: decoder=nvjpeg decodes on the GPU and this run has none: pick " \
-                                       "decoder=turbojpeg"
+    assert rows["nvjpeg"]["status"] == "failed: decoder=nvjpeg decodes on the GPU and this run has none: pass " \
+                                       "decoder.on_cpu=true to run its batched path on the CPU, or pick decoder=turbojpeg"
     assert rows["ceiling"]["bound"] == "compute" and rows["ceiling"]["device"].startswith("cpu")
     assert "train.host_split=false" in rows["split_off"]["command"] and rows["split_off"]["status"] == "ok"
     bench = [row for row in rows.values() if row["section"] == "bench"]

@@ -7,7 +7,7 @@ import torch
 from {{ cookiecutter.package }} import cudnn
 from {{ cookiecutter.package }}.config import ConfigError
 from {{ cookiecutter.package }}.data import ToDevice
-from {{ cookiecutter.package }}.decoder import pil
+from {{ cookiecutter.package }}.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.distributed import unwrap
 from {{ cookiecutter.package }}.model import compiled, torchvision_model
 from {{ cookiecutter.package }}.precision import NonFiniteLoss, Precision
@@ -87,9 +87,9 @@ def test_channels_last_converts_the_model_and_its_inputs():
     model = torchvision_model("resnet18", 3, 3, channels_last=True, compile=False)
     assert model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
     images = torch.zeros((2, 8, 8, 3), dtype=torch.uint8)
-    moved, _ = ToDevice(pil(), CPU, False, torch.channels_last)((images, torch.tensor([0, 1])))
+    moved, _ = ToDevice(PilDecoder(), CPU, False, torch.channels_last)((images, torch.tensor([0, 1])))
     assert moved.shape == (2, 3, 8, 8) and moved.is_contiguous(memory_format=torch.channels_last)
-    plain, _ = ToDevice(pil(), CPU, False)((images, torch.tensor([0, 1])))
+    plain, _ = ToDevice(PilDecoder(), CPU, False)((images, torch.tensor([0, 1])))
     assert plain.is_contiguous()
 
 

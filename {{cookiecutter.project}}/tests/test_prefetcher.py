@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from {{ cookiecutter.package }}.config import ConfigError
 from {{ cookiecutter.package }}.data import ToDevice
-from {{ cookiecutter.package }}.decoder import pil
+from {{ cookiecutter.package }}.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.prefetcher import cuda_stream, none, resident, thread
 
 CPU = torch.device("cpu")
@@ -32,7 +32,7 @@ def test_every_prefetcher_has_a_maker():
                                   for n in PREFETCHERS if n not in REPLAYS])
 def test_yields_exactly_the_plain_batches(name):
     loader = uint8_batches()
-    to_device = ToDevice(pil(), DEVICE, non_blocking=True)
+    to_device = ToDevice(PilDecoder(), DEVICE, non_blocking=True)
     expected = [to_device(batch) for batch in loader]
     prefetched = MAKERS[name](loader, to_device)
     assert len(prefetched) == len(loader) == 4
@@ -54,7 +54,7 @@ def test_resident_replays_the_first_batch_without_loading_again():
             loaded.append(index)
             return torch.full((2, 2, 3), index, dtype=torch.uint8), index
 
-    batches = resident(DataLoader(Counted(), batch_size=3), ToDevice(pil(), CPU, False))
+    batches = resident(DataLoader(Counted(), batch_size=3), ToDevice(PilDecoder(), CPU, False))
     steps = list(batches)
     assert len(steps) == len(batches) == 4 and steps[0][1].tolist() == [0, 1, 2]
     assert all(images is steps[0][0] for images, _ in steps)
@@ -74,7 +74,7 @@ def test_thread_prefetcher_runs_ahead_in_the_background():
             seen.append(threading.current_thread().name)
             return torch.zeros(2, 2, 3, dtype=torch.uint8), index
 
-    batches = thread(DataLoader(Slow(), batch_size=2), ToDevice(pil(), CPU, False), depth=2)
+    batches = thread(DataLoader(Slow(), batch_size=2), ToDevice(PilDecoder(), CPU, False), depth=2)
     assert [labels.tolist() for _, labels in batches] == [[0, 1], [2, 3], [4, 5]]
     assert set(seen) == {"prefetcher"}
 
@@ -89,11 +89,11 @@ def test_thread_prefetcher_hands_errors_over_and_stops_when_left_early():
                 raise ValueError("bad sample 2")
             return torch.zeros(2, 2, 3, dtype=torch.uint8), index
 
-    batches = thread(DataLoader(Broken(), batch_size=1), ToDevice(pil(), CPU, False), depth=1)
+    batches = thread(DataLoader(Broken(), batch_size=1), ToDevice(PilDecoder(), CPU, False), depth=1)
     with pytest.raises(ValueError, match="bad sample 2"):
         list(batches)
     before = threading.active_count()
-    for _ in zip(range(1), thread(uint8_batches(), ToDevice(pil(), CPU, False), depth=1)):
+    for _ in zip(range(1), thread(uint8_batches(), ToDevice(PilDecoder(), CPU, False), depth=1)):
         pass  # leaving after one batch must not leave a thread blocked on a full queue
     assert threading.active_count() == before
 
@@ -111,7 +111,7 @@ def test_thread_prefetcher_left_with_a_full_queue_returns_at_once(last):
             return torch.zeros(2, 2, 3, dtype=torch.uint8), index
 
     def consume_one_then_fail():
-        batches = iter(thread(DataLoader(TwoThenLast(), batch_size=1), ToDevice(pil(), CPU, False), depth=1))
+        batches = iter(thread(DataLoader(TwoThenLast(), batch_size=1), ToDevice(PilDecoder(), CPU, False), depth=1))
         next(batches)
         time.sleep(0.3)  # the thread queues batch 2 and then waits with the last item
         batches.close()
@@ -125,9 +125,9 @@ def test_thread_prefetcher_left_with_a_full_queue_returns_at_once(last):
 def test_cuda_stream_is_refused_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="prefetcher=cuda_stream .* no GPU: pick prefetcher=thread"):
-        cuda_stream(uint8_batches(), ToDevice(pil(), CPU, False))
+        cuda_stream(uint8_batches(), ToDevice(PilDecoder(), CPU, False))
     with pytest.raises(ConfigError, match="prefetcher.depth=0"):
-        thread(uint8_batches(), ToDevice(pil(), CPU, False), depth=0)
+        thread(uint8_batches(), ToDevice(PilDecoder(), CPU, False), depth=0)
 
 
 class PinnedBatches:
@@ -148,7 +148,7 @@ class PinnedBatches:
 @pytest.mark.gpu
 def test_cuda_stream_copies_on_a_side_stream_while_the_step_computes(gpu_busy):
     loader = PinnedBatches(12, (16, 512, 512, 3))  # 12 MB a batch: about a millisecond to copy
-    plain = ToDevice(pil(), DEVICE, non_blocking=True)
+    plain = ToDevice(PilDecoder(), DEVICE, non_blocking=True)
     streams = []
 
     def to_device(batch):

@@ -10,6 +10,8 @@ import time
 import pytest
 from conftest import CONF, CPU_ONLY, CUDA, LONGER, TWO_PROCESSES, finish, on_this_machine, start_cli, summary, wait_for
 
+from {{ cookiecutter.package }} import options
+
 HYDRA_OWN = {".hydra", "train.log"}
 STEPS_PER_EPOCH = 6  # 3 classes x 8 images, batch 4
 
@@ -56,17 +58,15 @@ def test_options_take_effect_through_the_loop(option, written, absent, tmp_path,
 
 DATA_GROUPS = ("decoder", "format", "staging", "prefetcher")
 DATA_OPTIONS = sorted((path.parent.name, path.stem) for group in DATA_GROUPS for path in (CONF / group).glob("*.yaml"))
-GPU_ONLY = {"prefetcher=cuda_stream": "overlaps copies on a CUDA stream"}
-OPTIONAL = {"decoder=turbojpeg": "simplejpeg", "decoder=dali": "nvidia.dali", "format=lmdb": "lmdb"}
 
 
 @pytest.mark.parametrize(("group", "option"), DATA_OPTIONS, ids=[f"{g}={o}" for g, o in DATA_OPTIONS])
 def test_every_data_option_trains_through_the_command_line(group, option, tmp_path, train_cli):
-    choice = f"{group}={option}"
-    if choice in GPU_ONLY and not CUDA:
-        pytest.skip(f"{choice} {GPU_ONLY[choice]} and this machine has no GPU")
-    if choice in OPTIONAL:
-        pytest.importorskip(OPTIONAL[choice], reason=f"{choice} needs its extra")
+    choice, facts = f"{group}={option}", options.facts(group, option)
+    if facts.gpu and not facts.without_gpu and not CUDA:
+        pytest.skip(f"{choice} {facts.gpu} and this machine has no GPU")
+    if facts.missing():
+        pytest.skip(f"{choice}: {facts.missing()}")
     run_dir = tmp_path / "run"
     train_cli(run_dir, choice, *on_this_machine(choice), "loader.num_workers=1")
     result = summary(run_dir)

@@ -6,10 +6,11 @@ import torch
 
 from {{ cookiecutter.package }} import workers
 from {{ cookiecutter.package }}.config import ConfigError
-from {{ cookiecutter.package }}.data import imagenet, make_loader, make_splits
-from {{ cookiecutter.package }}.decoder import pil
+from {{ cookiecutter.package }}.data import imagenet, make_splits
+from {{ cookiecutter.package }}.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.distributed import World
 from {{ cookiecutter.package }}.format import folder
+from {{ cookiecutter.package }}.loaders import make_loader
 from {{ cookiecutter.package }}.staging import no_staging
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
@@ -23,7 +24,7 @@ def loader_with(train_set):
 @pytest.fixture
 def train_set(tiny_root):
     source = imagenet(str(tiny_root), 32, 36, "raise")
-    return make_splits(source, folder.build(source, no_staging), pil()).train
+    return make_splits(source, folder.build(source, no_staging), PilDecoder()).train
 
 
 def test_candidates_go_up_to_the_cores():

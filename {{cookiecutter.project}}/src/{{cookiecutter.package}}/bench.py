@@ -6,7 +6,8 @@
 Rows measure the DataLoader and the upload alone, no model: 224-pixel random-resized-crop and flip,
 ending at uint8 batches on `bench.device` (the float conversion happens later, on the device). For GPU
 decoders (nvjpeg, dali) the upload is where they decode. Timed over whole epochs after a warm-up epoch.
-A decoder this machine cannot run (a GPU decoder without a GPU, a missing extra) gets a row that says why.
+Every decoder option is timed where this machine can run it; one it cannot (a GPU decoder without a GPU,
+unless its facts say its CPU mode is worth timing; a missing extra) gets a row that says why.
 The references, on the same files and worker count:
 - ceiling: the fastest CPU decoder's single-process full-decode rate, times the cores in use;
 - baseline: pytorch/examples' recipe, ImageFolder + PIL + RandomResizedCrop + ToTensor + Normalize in float32.
@@ -26,12 +27,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from . import decoder as decoders
+from . import options
 from .config import ClearError, ConfigError, build, optional_import
-from .data import Source, make_splits, seed_worker
+from .data import Source, make_splits
+from .decoder import CpuDecoder, Decoder
+from .decoder.none import NoDecoder
+from .decoder.pil import PilDecoder
 from .distributed import World
 from .format import Stores
 from .format.folder import open_tree
+from .loaders import seed_worker
 from .pack import pack
 from .staging import no_staging
 
@@ -39,7 +44,6 @@ log = logging.getLogger(__name__)
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
 COLUMNS = ("decoder", "format", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling", "page_cache", "note")
-CONF = Path(__file__).resolve().parents[2] / "conf"  # main()'s config_path
 
 
 def time_epochs(loader, epochs: int, upload=lambda batch: None, device: torch.device = ALONE.device) -> float:
@@ -61,13 +65,32 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_decoder(name: str, crop_size: int, batch_size: int, device: torch.device) -> decoders.Decoder:
-    """The decoder option `name` as training builds it, or a ConfigError saying why this machine cannot run it."""
-    node = OmegaConf.merge({"data": {"crop_size": crop_size}, "train": {"batch_size": batch_size}},
-                           {"decoder": OmegaConf.load(CONF / "decoder" / f"{name}.yaml")})
+def make_decoder(name: str, batch_size: int, device: torch.device, settings: dict) -> Decoder:
+    """The decoder option `name` as training builds it with `settings`, or a ConfigError saying why this
+    machine cannot run it."""
+    node = OmegaConf.merge({"train": {"batch_size": batch_size}},
+                           {"decoder": OmegaConf.load(options.CONF / "decoder" / f"{name}.yaml")}, {"decoder": settings})
     decoder = build(node.decoder)
     decoder.check_device(device)
     return decoder
+
+
+def timed_decoders(names: list[str], batch_size: int, device: torch.device) -> tuple[dict[str, Decoder], dict[str, str]]:
+    """The decoders bench times on `device`, a GPU decoder without a GPU in its CPU mode when that is worth
+    timing (its facts say), and why each of the others is not timed."""
+    runnable, unable = {}, {}
+    for name in names:
+        facts, settings = options.facts("decoder", name), {}
+        if facts.gpu and device.type != "cuda":
+            if not facts.bench_without_gpu:
+                unable[name] = f"{facts.gpu}, and bench.device is {device.type}"
+                continue
+            settings = facts.without_gpu
+        try:
+            runnable[name] = make_decoder(name, batch_size, device, settings)
+        except ConfigError as err:
+            unable[name] = str(err)
+    return runnable, unable
 
 
 def loader_for(dataset, batch_size: int, num_workers: int, collate=None) -> DataLoader:
@@ -89,12 +112,7 @@ def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: i
                        lambda batch: batch[0].to(device, non_blocking=True), device)
 
 
-def decodes_on_the_cpu(decoder: decoders.Decoder) -> bool:
-    """A CPU decoder decodes single files in the workers; GPU decoders decode whole batches at upload."""
-    return type(decoder).decode is not decoders.Decoder.decode
-
-
-def decode_only(root: Path, cpu_decoders: dict[str, decoders.Decoder]) -> tuple[str, float]:
+def decode_only(root: Path, cpu_decoders: dict[str, CpuDecoder]) -> tuple[str, float]:
     """The fastest decoder's full-size decode rate in this process, files already in memory."""
     train, _, _ = open_tree(root)
     files = [train.payload(index) for index in range(min(len(train), 300))]
@@ -141,16 +159,13 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     settings = cfg.bench
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if settings.device == "auto" \
         else torch.device(settings.device)
-    runnable, unable = {}, {}
-    for name in settings.decoders:
-        try:
-            runnable[name] = make_decoder(name, source.crop_size, settings.batch_size, device)
-        except ConfigError as err:
-            unable[name] = str(err)
-    cpu_decoders = {name: decoder for name, decoder in runnable.items() if decodes_on_the_cpu(decoder)}
+    names = [name for name in options.options("decoder") if name != "none"] if settings.decoders == "all" \
+        else list(settings.decoders)
+    runnable, unable = timed_decoders(names, settings.batch_size, device)
+    cpu_decoders = {name: decoder for name, decoder in runnable.items() if isinstance(decoder, CpuDecoder)}
     data_mb = sum(path.stat().st_size for path in (source.root / "train").rglob("*") if path.is_file()) / 1e6
     cache = f"warm: read once in warm-up; {data_mb:.0f} MB vs {psutil.virtual_memory().available / 1e9:.0f} GB free RAM"
-    fastest, decode_rate = decode_only(source.root, cpu_decoders or {"pil": decoders.pil()})
+    fastest, decode_rate = decode_only(source.root, cpu_decoders or {"pil": PilDecoder()})
     rows = []
     for workers in settings.num_workers:
         cores = max(1, min(workers, os.cpu_count() or 1))
@@ -164,7 +179,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
         for format in settings.formats:
             stores = stores_for(format, source, Path(settings.pack_dir).expanduser(), settings.short_side)
             for name in (["none"] if stores.train.decoded else runnable):
-                splits = make_splits(source, stores, decoders.pil() if name == "none" else runnable[name])
+                splits = make_splits(source, stores, NoDecoder() if name == "none" else runnable[name])
                 loader = loader_for(splits.train, settings.batch_size, workers, splits.decoder.collate)
                 rate = time_epochs(loader, settings.timed_epochs,
                                    lambda batch: splits.decoder.upload(batch[0], device, True), device)

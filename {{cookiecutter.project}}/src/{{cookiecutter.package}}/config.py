@@ -27,6 +27,7 @@ def optional_import(module: str, extra: str) -> ModuleType:
 
 
 RANGES = "_ranges_"  # in a config node: the valid values of its numeric keys, beside the keys themselves
+FACTS = "_facts_"  # in an option's node: what it needs (options.py)
 
 
 def build(node: DictConfig, **runtime: Any) -> Any:
@@ -34,9 +35,12 @@ def build(node: DictConfig, **runtime: Any) -> Any:
 
     The runtime objects are passed to the call, not through instantiate, which would turn a dataclass
     such as World into a DictConfig; a ConfigError raised by the target reaches the caller as itself.
-    The node's `_ranges_` are for `check_ranges`, not for the target.
+    An option whose package is missing (its `_facts_`) is refused first, with the command that installs it.
     """
-    values = {key: node[key] for key in node if key != RANGES}  # resolved: interpolations may point outside node
+    facts = node.get(FACTS) or {}
+    if facts.get("module"):
+        optional_import(facts.module, facts.extra)
+    values = {key: node[key] for key in node if key not in (RANGES, FACTS)}  # resolved: may point outside node
     return instantiate(OmegaConf.create(values), _partial_=True)(**runtime)
 
 

@@ -1,5 +1,5 @@
-"""Data sets and loaders: where the images come from (`data=`), how they are stored (`format=`), decoded
-(`decoder=`), staged (`staging=`) and handed to the device (`prefetcher=`).
+"""Data sets: where the images come from (`data=`), the crops cut from them, and the skip policy for
+unreadable files; loaders.py puts them together with the other data options.
 
 Whatever the choices, a batch reaching the training step is (float images normalised on the device, labels):
 workers produce uint8 HWC crops (or encoded bytes, for GPU decoders) and the device does the rest.
@@ -8,23 +8,19 @@ import logging
 import math
 import multiprocessing
 import random
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
-import numpy as np
 import torch
-from omegaconf import DictConfig
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from . import synth
-from .config import RANGES, ClearError, ConfigError, build
-from .decoder import Box, Decoded, Decoder, Unreadable
-from .distributed import EpochSampler, Shard, World
+from .config import ClearError, ConfigError
+from .decoder import Box, Crop, Decoder, Unreadable
+from .decoder.none import NoDecoder
+from .distributed import World
 from .faults import InjectedFault
 from .format import Store, Stores
-from .workers import pick_num_workers
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +57,7 @@ def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_
     return Source(root, crop_size, val_resize, on_error, max_bad_fraction)
 
 
-class TrainCrop:
+class TrainCrop(Crop):
     """Random-resized-crop box (torchvision's sampling rule) and a coin flip for the horizontal mirror.
 
     Drawn with Python's `random`, which seed_worker seeds per worker and epoch: a tenth of the cost of
@@ -94,7 +90,7 @@ class TrainCrop:
         return (left, top, left + box_width, top + box_height), random.random() < 0.5
 
 
-class CenterCrop:
+class CenterCrop(Crop):
     """The central square that resizing the shorter side to `resize` and cropping `size` would keep."""
 
     def __init__(self, size: int, resize: int):
@@ -197,45 +193,15 @@ class Splits:
 
 def make_splits(source: Source, stores: Stores, decoder: Decoder, seed: int = 0) -> Splits:
     """Training and validation data sets: random crops for one, the deterministic centre crop for the other."""
-    if stores.train.decoded:
-        log.info("format=tensor holds decoded pixels: the decoder option is not used")
-        decoder = Decoded()
+    if stores.train.decoded and not isinstance(decoder, NoDecoder):
+        raise ConfigError("format=tensor stores decoded pixels, so there is nothing to decode: pass decoder=none")
+    if isinstance(decoder, NoDecoder) and not stores.train.decoded:
+        raise ConfigError("decoder=none is for formats that store decoded pixels (format=tensor), and this one "
+                          "stores encoded files: pick a decoder, such as decoder=turbojpeg")
     size, on_error, fraction = source.crop_size, source.on_error, source.max_bad_fraction
-    return Splits(Images(stores.train, decoder.transform(TrainCrop(size), size), on_error, fraction, seed),
-                  Images(stores.val, decoder.transform(CenterCrop(size, source.val_resize), size), on_error, fraction),
+    return Splits(Images(stores.train, decoder.transform(TrainCrop(size)), on_error, fraction, seed),
+                  Images(stores.val, decoder.transform(CenterCrop(size, source.val_resize)), on_error, fraction),
                   stores.classes, decoder)
-
-
-def seed_worker(worker_id: int) -> None:
-    """Seed Python's and NumPy's generators from the per-worker, per-epoch seed torch gives each worker."""
-    # Ctrl-C and Slurm's SIGTERM reach the workers too; the training process alone decides how to stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    seed = torch.initial_seed() % 2**32
-    random.seed(seed)
-    np.random.seed(seed)
-    cv2.setNumThreads(0)  # one OpenCV thread per worker: the workers are the parallelism
-
-
-def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: int, world: World,
-                num_workers: int, prefetch_factor: int, pin_memory: bool, persistent_workers: bool,
-                collate=None) -> DataLoader:
-    """Training batches are shuffled and full, a different share per process; validation covers each image once.
-
-    The training sampler (a DistributedSampler) serves a single process too (one replica needs no process
-    group); its order depends only on seed and epoch, so a resumed run sees the order the uninterrupted
-    one would have, from the batch where it stopped.
-    """
-    sampler = (EpochSampler(dataset, world.size, world.rank, shuffle=True, seed=seed, drop_last=True)
-               if train else Shard(dataset, world))
-    return DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, drop_last=train, num_workers=num_workers,
-        collate_fn=collate, pin_memory=pin_memory and world.device.type == "cuda",
-        prefetch_factor=prefetch_factor if num_workers else None,
-        persistent_workers=persistent_workers and num_workers > 0,
-        worker_init_fn=seed_worker,
-        generator=torch.Generator().manual_seed(seed + world.rank),  # a new worker base seed each epoch
-    )
 
 
 class ToDevice:
@@ -252,25 +218,3 @@ class ToDevice:
         images = self.decoder.upload(images, self.device, self.non_blocking)
         images = images.float().sub_(self.mean).div_(self.std).contiguous(memory_format=self.memory_format)
         return images, labels.to(self.device, non_blocking=self.non_blocking)
-
-
-def make_loaders(cfg: DictConfig, world: World):
-    """(train batches, val batches, splits) as the data, format, decoder, staging and prefetcher groups ask."""
-    source = build(cfg.data)
-    stores = build(cfg.format, source=source, stage=build(cfg.staging, world=world))
-    decoder = build(cfg.decoder)
-    decoder.check_device(world.device)
-    splits = make_splits(source, stores, decoder, cfg.seed)
-    splits.train.fail_at = cfg.faults.worker_error_at
-    settings = {key: value for key, value in cfg.loader.items() if key != RANGES}
-    non_blocking = settings.pop("non_blocking")
-    settings["num_workers"] = pick_num_workers(
-        settings["num_workers"], splits.train, cfg.train.batch_size, lambda count: make_loader(
-            splits.train, cfg.train.batch_size, True, cfg.seed, world, collate=splits.decoder.collate,
-            **{**settings, "num_workers": count, "persistent_workers": False}))
-    to_device = ToDevice(splits.decoder, world.device, non_blocking,
-                         torch.channels_last if cfg.model.channels_last else torch.contiguous_format)
-    batches = [build(cfg.prefetcher, to_device=to_device, loader=make_loader(
-        dataset, cfg.train.batch_size, train, cfg.seed, world, collate=splits.decoder.collate, **settings))
-        for dataset, train in ((splits.train, True), (splits.val, False))]
-    return *batches, splits, settings["num_workers"]

@@ -1,7 +1,6 @@
 """Where the per-window numbers go: TensorBoard, or nowhere (`logger=none`)."""
 from pathlib import Path
 
-from .config import optional_import
 
 # The three parts of each step on one chart, under TensorBoard's Custom Scalars tab.
 LAYOUT = {
@@ -25,7 +24,6 @@ class NullLogger:
 
 class TensorBoardLogger(NullLogger):
     def __init__(self, log_dir: Path):
-        optional_import("tensorboard", "tensorboard")  # torch.utils.tensorboard fails deep inside without it
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(log_dir))

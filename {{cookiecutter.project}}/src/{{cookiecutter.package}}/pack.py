@@ -27,9 +27,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from . import failures
+from . import failures, options
 from .config import ClearError, ConfigError, build
-from .decoder import PilDecoder, Unreadable, decoding, pil_size
+from .decoder import Unreadable, decoding, pil_size
+from .decoder.pil import PilDecoder
 from .format import META, SPLITS
 from .format.folder import open_tree
 
@@ -105,6 +106,9 @@ def pack(root: Path, format: str, out: Path, short_side: int | None, quality: in
     """Write the packed folder `out`; the counts, bytes and rate as a dict."""
     if format not in FORMATS:
         raise ConfigError(f"format={format} cannot be packed: pick one of {', '.join(FORMATS)}")
+    missing = options.facts("format", format).missing()
+    if missing:
+        raise ConfigError(f"format={format}: {missing}")
     decoded = format == "tensor"
     if decoded and not short_side:
         raise ConfigError("format=tensor stores pixels at one size: pass pack.short_side=256 (or another size)")

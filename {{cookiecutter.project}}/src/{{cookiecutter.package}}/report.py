@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 import torch
 
+from . import options
 from .clock import Window
 from .distributed import World
 
@@ -148,12 +149,13 @@ def _lighter_decoding(choices: dict[str, str], device: torch.device) -> list[str
         return ["Nothing is decoded any more (format=tensor): only more cores per device, or smaller crops "
                 "(data.crop_size), will help."]
     advice = []
-    if choices.get("decoder", "turbojpeg") in ("pil", "torchvision"):
+    if choices.get("decoder", "turbojpeg") in ("pil", "torchcodec"):  # slower per image than libjpeg-turbo
         advice.append("Decode with libjpeg-turbo's DCT scaling: decoder=turbojpeg (or decoder=opencv).")
-    if device.type == "cuda" and choices.get("decoder") not in ("nvjpeg", "dali"):
-        advice.append("Move decoding to the GPU: decoder=nvjpeg or decoder=dali.")
+    on_the_gpu = options.gpu_options("decoder")
+    if device.type == "cuda" and choices.get("decoder") not in on_the_gpu:
+        advice.append(f"Move decoding to the GPU: {' or '.join(f'decoder={name}' for name in on_the_gpu)}.")
     advice.append("Decode once, offline: pack with `python -m {{ cookiecutter.package }}.pack format=tensor "
-                  "pack.short_side=256` and train with format=tensor.")
+                  "pack.short_side=256` and train with format=tensor decoder=none.")
     return advice
 
 

@@ -4,7 +4,7 @@ Each class owns a hue and a stripe frequency, painted as a textured object on a 
 background; the orientation, place and size of the object vary, and multi-octave texture plus
 sensor noise give the files the size and entropy of camera JPEGs (about 80-110 KB at 500x400).
 
-    python -m PACKAGE.synth --out /tmp/synthetic --classes 10 --train-per-class 100
+    python -m {{ cookiecutter.package }}.synth --out /tmp/synthetic --classes 10 --train-per-class 100
 """
 import argparse
 import os

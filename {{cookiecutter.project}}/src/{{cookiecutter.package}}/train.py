@@ -23,7 +23,7 @@ from tqdm import tqdm
 from . import checkpoint, cudnn, distributed, failures, faults
 from .clock import Clock, Window, make_clock
 from .config import build, check
-from .data import make_loaders
+from .loaders import Loaders, make_loaders
 from .distributed import World
 from .evaluate import evaluate
 from .logger import NullLogger
@@ -102,30 +102,33 @@ class Run:
 def make_run(cfg: DictConfig, run_dir: Path, world: World):
     """Build data, model and helpers; everything that can refuse the config does so before any file is written."""
     device = world.device
-    *loaders, splits, num_workers = make_loaders(cfg, world)
+    memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
+    loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
+                           cfg.train.batch_size, cfg.seed, world, memory_format, cfg.faults.worker_error_at)
     precision = make_precision(cfg.precision, device)
-    model = world.wrap(build(cfg.model, data_classes=len(splits.classes)).to(device), cfg.distributed.sync_bn)
+    model = world.wrap(build(cfg.model, data_classes=len(loaders.classes)).to(device), cfg.distributed.sync_bn)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
-                     precision, torch.channels_last if cfg.model.channels_last else torch.contiguous_format)
+                     precision, memory_format)
     faults.slow_host(model, cfg.faults.host_delay_ms)
     optimizer = build(cfg.optim, model=model)
-    steps_per_epoch = len(loaders[0])
+    steps_per_epoch = len(loaders.train)
     total_steps = steps_per_epoch * cfg.train.epochs
     if cfg.train.max_steps > 0:
         total_steps = min(total_steps, cfg.train.max_steps)
     scheduler = build(cfg.schedule, optimizer=optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
     resume_from, state = checkpoint.resume_state(cfg.resume, run_dir, world)
-    identity = {"model": cfg.model.name, "classes": len(splits.classes)}
+    identity = {"model": cfg.model.name, "classes": len(loaders.classes)}
     if state:
         checkpoint.check_fits(state, distributed.unwrap(model), resume_from, identity)
     writes = world.is_main  # the other ranks get objects that write nothing
-    run = Run(model, optimizer, scheduler, torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
-              precision, *loaders, make_clock(device, cfg.train.host_split), SystemMonitor(device),
-              build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
-              build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
-              checkpoint.Checkpoints(run_dir, writes), StopRequest(), world, cfg.train.log_every,
-              cfg.train.max_steps if cfg.train.max_steps > 0 else None,
-              cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
+    run = Run(model=model, optimizer=optimizer, scheduler=scheduler,
+              criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing), precision=precision,
+              train_loader=loaders.train, val_loader=loaders.val, clock=make_clock(device, cfg.train.host_split),
+              sysmon=SystemMonitor(device), logger=build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
+              profiler=build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
+              checkpoints=checkpoint.Checkpoints(run_dir, writes), stop=StopRequest(), world=world,
+              log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
+              limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
               identity=identity)
     if state:
         run.restore(state)
@@ -133,9 +136,9 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
         log.info("resumed from %s at epoch %d, step %d (batch %d of the epoch)", resume_from, run.epoch, run.step,
                  run.batch_in_epoch)
     log.info("%s on %s (%d process%s): %d classes, %d train / %d val images, %d steps per epoch per process",
-             cfg.model.name, device, world.size, "es" if world.size > 1 else "", len(splits.classes),
-             len(splits.train), len(splits.val), steps_per_epoch)
-    return run, splits, num_workers
+             cfg.model.name, device, world.size, "es" if world.size > 1 else "", len(loaders.classes),
+             len(loaders.splits.train), len(loaders.splits.val), steps_per_epoch)
+    return run, loaders
 
 
 def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
@@ -188,19 +191,19 @@ def validate(run: Run) -> tuple[float, float]:
     return top1, top5
 
 
-def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, skipped_files: int, num_workers: int) -> dict:
+def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, loaders: Loaders) -> dict:
     """The run's figures, every timing one from the same process (see report.run_totals), with the verdict."""
     total, system, timing_rank = run_totals(run.windows, run.world)
     hydra_cfg = HydraConfig.get()
     choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if not group.startswith("hydra")}
-    settings = Settings(num_workers, cfg.loader.prefetch_factor, cfg.loader.pin_memory, cfg.loader.persistent_workers,
+    settings = Settings(loaders.num_workers, cfg.loader.prefetch_factor, cfg.loader.pin_memory, cfg.loader.persistent_workers,
                         cfg.train.batch_size, cfg.train.log_every, cfg.precision, cfg.model.channels_last,
                         cfg.model.compile, cfg.cudnn, choices)
     diagnosis = diagnose(total, system, run.device, settings)
     return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "host_ms": total.host_ms,
             "compute_ms": total.compute_ms, "data_frac": total.data_frac, "host_frac": total.host_frac,
             "bound": diagnosis.bound, "verdict": diagnosis.verdict, "advice": diagnosis.advice,
-            "val_top1": top1, "val_top5": top5, "steps": run.step, "skipped_files": skipped_files,
+            "val_top1": top1, "val_top5": top5, "steps": run.step, "skipped_files": loaders.skipped_files(run.world),
             "skipped_steps": int(run.precision.skipped), "processes": run.world.size, "timing_rank": timing_rank,
             "choices": choices, "overrides": list(hydra_cfg.overrides.task), "system": system,
             "env": environment(run.device)}
@@ -239,7 +242,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     failures.worker_deaths_surface_in_next()
-    run, splits, num_workers = make_run(cfg, run_dir, world)
+    run, loaders = make_run(cfg, run_dir, world)
     try:
         top1, top5 = run_epochs(run, cfg.train.epochs)
     except Preempted as stop:
@@ -253,7 +256,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     finally:  # every way out: the sampler thread and the TensorBoard writer end here
         run.clock.close()
         run.logger.close()
-    summary = summarize(run, cfg, top1, top5, splits.skipped_files(world), num_workers)
+    summary = summarize(run, cfg, top1, top5, loaders)
     if world.is_main:
         checkpoint.write_atomic(run_dir / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
         log.info("%s\nsummary: %s", format_report(summary), run_dir / "summary.json")

@@ -62,8 +62,9 @@ def pick_num_workers(value: int | str, dataset, batch_size: int, loader_with: Ca
             raise ConfigError(f"loader.num_workers={value!r}: pass a count (0 = load in the training process) or auto")
         return value
     cores = cores_per_process()
-    key = f"{platform.node()}|{cores} cores|{dataset.store.name(0)}|{len(dataset)}|{type(dataset.transform).__name__}" \
-          f"|{getattr(dataset.transform, 'size', '')}|batch {batch_size}"
+    work = type(getattr(dataset.transform, "decoder", dataset.transform)).__name__  # the CPU decoder, if any
+    key = f"{platform.node()}|{cores} cores|{dataset.store.name(0)}|{len(dataset)}|{work}" \
+          f"|{dataset.transform.crop.size}|batch {batch_size}"
     cache = read_cache()
     if key in cache:
         log.info("loader.num_workers=auto: %d (measured before, cached in %s)", cache[key], CACHE)

@@ -20,7 +20,7 @@ class Hdf5Images(Packed):
             with h5py.File(path, "r") as file:  # read the index and close: workers open their own handle
                 offsets, labels = file["offsets"][:], file["labels"][:]
         except (OSError, KeyError) as err:
-            raise ConfigError(f"{path} is not a readable fasttrain HDF5 pack: {err}") from None
+            raise ConfigError(f"{path} is not a readable HDF5 pack (written by pack): {err}") from None
         super().__init__(path, labels)
         self.offsets = offsets
 

@@ -1,9 +1,9 @@
-"""`format=lmdb`: encoded bytes in an LMDB key-value file, memory-mapped and read without locks. Needs `.[lmdb]`."""
+"""`format=lmdb`: encoded bytes in an LMDB key-value file, memory-mapped and read without locks."""
 from pathlib import Path
 
 import numpy as np
 
-from ..config import ConfigError, optional_import
+from ..config import ConfigError
 from . import Packed, Stores, open_packed
 
 SUFFIX = ".lmdb"
@@ -15,7 +15,7 @@ def _key(index: int) -> bytes:
 
 
 def _environment(path: Path, **options):
-    lmdb = optional_import("lmdb", "lmdb")
+    import lmdb  # the extra, checked where the option is built (its _facts_) and by pack
     # lock=False: the file is read-only from here on; readahead=False: random reads should not drag in neighbours
     return lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False, meminit=False,
                      max_readers=1024, **options)
@@ -23,12 +23,12 @@ def _environment(path: Path, **options):
 
 class LmdbImages(Packed):
     def __init__(self, path: Path, split: dict):
-        lmdb = optional_import("lmdb", "lmdb")
+        import lmdb
         try:
             with _environment(path) as env, env.begin() as txn:
                 labels = np.frombuffer(txn.get(LABELS), np.int64).copy()
         except (lmdb.Error, TypeError) as err:
-            raise ConfigError(f"{path} is not a readable fasttrain LMDB pack: {err}") from None
+            raise ConfigError(f"{path} is not a readable LMDB pack (written by pack): {err}") from None
         super().__init__(path, labels)
 
     def open(self) -> None:
@@ -39,7 +39,7 @@ class LmdbImages(Packed):
 
 
 def write(path: Path, records) -> None:
-    lmdb = optional_import("lmdb", "lmdb")
+    import lmdb
     labels = []
     # A sparse map: the file grows only as far as it is written.
     with lmdb.open(str(path), subdir=False, map_size=1 << 40, lock=True, sync=True) as env:

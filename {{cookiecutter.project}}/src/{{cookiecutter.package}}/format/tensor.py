@@ -27,7 +27,7 @@ class TensorImages(Packed):
             index = np.load(index_path(path))
             pixels = np.memmap(path, np.uint8, "r")
         except (OSError, ValueError) as err:
-            raise ConfigError(f"{path} is not a readable fasttrain tensor pack: {err}") from None
+            raise ConfigError(f"{path} is not a readable tensor pack (written by pack): {err}") from None
         if index.ndim != 2 or index.shape[1] != 4 or (
                 len(index) and index[-1, 0] + index[-1, 1] * index[-1, 2] * 3 != len(pixels)):
             raise ConfigError(f"{path} does not match its index {index_path(path)}: pack it again")

@@ -1,0 +1,55 @@
+"""`decoder=dali`: NVIDIA DALI decodes, crops (ROI decode: only the crop's part of the JPEG) and flips whole batches.
+
+Pick it on GPUs when the CPU cannot keep up: the `mixed` backend decodes with nvJPEG (and the A100/H100
+hardware JPEG decoder where present). `decoder.on_cpu=true` runs the same pipeline on DALI's CPU threads.
+Workers read bytes and pick crops with the same geometry as every other decoder, so the data set,
+sampler, skip policy and prefetchers are shared.
+"""
+import numpy as np
+import torch
+from nvidia.dali import Pipeline, fn, types
+
+from .batch import BatchDecoder, Encoded
+
+
+class DaliDecoder(BatchDecoder):
+    def __init__(self, batch_size: int, threads: int, on_cpu: bool = False):
+        super().__init__(on_cpu)
+        self.batch_size, self.threads = batch_size, threads
+        self.pipeline = None  # built on first use, in the training process, for the crop size it is given
+
+    def build(self, device: torch.device, size: int) -> Pipeline:
+        pipeline = Pipeline(batch_size=self.batch_size, num_threads=self.threads,
+                            device_id=None if self.on_cpu else device.index or 0, exec_async=False,
+                            exec_pipelined=False, prefetch_queue_depth=1)
+        with pipeline:
+            jpegs = fn.external_source(name="jpegs", dtype=types.UINT8)
+            anchors = fn.external_source(name="anchors", dtype=types.FLOAT)
+            shapes = fn.external_source(name="shapes", dtype=types.FLOAT)
+            mirror = fn.external_source(name="mirror", dtype=types.INT32)
+            images = fn.decoders.image_slice(jpegs, anchors, shapes, device="cpu" if self.on_cpu else "mixed",
+                                             output_type=types.RGB, adjust_orientation=False,
+                                             normalized_anchor=False, normalized_shape=False)
+            images = fn.resize(images, resize_x=size, resize_y=size, antialias=True)
+            images = fn.flip(images, horizontal=mirror)
+            pipeline.set_outputs(fn.transpose(images, perm=[2, 0, 1]))
+        pipeline.build()
+        return pipeline
+
+    def decode_crops(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> torch.Tensor:
+        size = encoded[0].size
+        if self.pipeline is None:
+            self.pipeline = self.build(device, size)
+        boxes = [(left, top, right - left, bottom - top) for left, top, right, bottom in (item.box for item in encoded)]
+        self.pipeline.feed_input("jpegs", [item.data.numpy() for item in encoded])
+        self.pipeline.feed_input("anchors", [np.array(box[:2], np.float32) for box in boxes])
+        self.pipeline.feed_input("shapes", [np.array(box[2:], np.float32) for box in boxes])
+        self.pipeline.feed_input("mirror", [np.array(int(item.flip), np.int32) for item in encoded])
+        (crops,) = self.pipeline.run()
+        if self.on_cpu:
+            return torch.from_numpy(np.array(crops.as_tensor())).to(device, non_blocking=non_blocking)
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        batch = torch.empty((len(encoded), 3, size, size), dtype=torch.uint8, device=device)
+        feed_ndarray(crops.as_tensor(), batch, cuda_stream=torch.cuda.current_stream(device))
+        return batch

@@ -1,0 +1,57 @@
+"""`decoder=nvjpeg`: each batch decoded by one batched nvJPEG call through TorchCodec (the A100/H100
+hardware JPEG decoder where it applies), then cropped, resized and flipped on the device in one
+`roi_align` over the whole batch.
+
+Decoded images differ in size, and roi_align wants one tensor: they are laid out side by side on one
+canvas, each with a one-pixel border repeating its own edge so that no crop samples its neighbour.
+"""
+import math
+
+import torch
+from torch.nn.functional import pad
+from torchcodec.decoders import decode_jpeg
+from torchvision.ops import roi_align
+
+from . import as_stored
+from .batch import BatchDecoder, Encoded
+
+
+class NvjpegDecoder(BatchDecoder):
+    def decode_crops(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> torch.Tensor:
+        images = decode_jpeg([item.data for item in encoded], mode="RGB", device="cpu" if self.on_cpu else device)
+        images = [as_stored(image, item.orientation) for image, item in zip(images, encoded)]
+        crops = crop_resize_flip(images, [item.box for item in encoded], [item.flip for item in encoded],
+                                 encoded[0].size)
+        return crops.to(device, non_blocking=non_blocking)
+
+
+def shelves(sizes: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], int, int]:
+    """Top-left corners that lay (height, width) rectangles out on rows ("shelves") of one canvas, tallest
+    first, and the canvas's height and width."""
+    width = max(max(w for _, w in sizes), math.isqrt(sum(h * w for h, w in sizes)) + 1)
+    corners, x, y, shelf = [(0, 0)] * len(sizes), 0, 0, 0
+    for index in sorted(range(len(sizes)), key=lambda i: -sizes[i][0]):
+        h, w = sizes[index]
+        if x + w > width:
+            x, y, shelf = 0, y + shelf, 0
+        corners[index], x, shelf = (y, x), x + w, max(shelf, h)
+    return corners, y + shelf, width
+
+
+def crop_resize_flip(images: list[torch.Tensor], boxes: list[tuple[int, int, int, int]], flips: list[bool],
+                     size: int) -> torch.Tensor:
+    """CHW uint8 images of any sizes -> their boxes resized to size x size (area-averaged when shrinking,
+    as roi_align averages ceil(box / size) samples per output pixel), flipped where asked: N x C x size x size."""
+    device = images[0].device
+    padded = [(image.shape[1] + 2, image.shape[2] + 2) for image in images]
+    corners, height, width = shelves(padded)
+    canvas = torch.zeros((images[0].shape[0], height, width), dtype=torch.float32, device=device)
+    for image, (y, x), (h, w) in zip(images, corners, padded):
+        canvas[:, y:y + h, x:x + w] = pad(image[None].float(), (1, 1, 1, 1), mode="replicate")[0]
+    rois = torch.tensor([(0, x + 1 + left, y + 1 + top, x + 1 + right, y + 1 + bottom)  # 0: the one canvas
+                         for (y, x), (left, top, right, bottom) in zip(corners, boxes)],
+                        dtype=torch.float32, device=device)
+    crops = roi_align(canvas[None], rois, (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    crops = crops.round_().clamp_(0, 255).to(torch.uint8)
+    flipped = torch.tensor(flips, device=device).view(-1, 1, 1, 1)
+    return torch.where(flipped, crops.flip(-1), crops)

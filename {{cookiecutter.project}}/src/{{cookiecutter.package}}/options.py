@@ -1,0 +1,57 @@
+"""What an option says about itself, declared once, under `_facts_` in its YAML file beside its settings:
+
+    _facts_:
+      gpu: decodes whole batches on the GPU   # why it wants a GPU (absent: it runs anywhere)
+      without_gpu: {on_cpu: true}             # the settings that run it without one, if any
+      bench_without_gpu: false                # whether bench times it that way (a test path is not worth it)
+      extra: torchcodec                       # pip install -e '.[torchcodec]' ...
+      module: torchcodec                      # ... installs this module
+
+Building an option whose module is missing refuses in one line with the install command (config.build);
+tests, bench and the report's advice read the rest from here, so a new option needs no edit elsewhere.
+"""
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from .config import FACTS
+
+CONF = Path(__file__).resolve().parents[2] / "conf"  # the entry points' config_path
+
+
+@dataclass(frozen=True)
+class Facts:
+    gpu: str | None = None
+    without_gpu: dict = field(default_factory=dict)
+    bench_without_gpu: bool = False
+    extra: str | None = None
+    module: str | None = None
+
+    @property
+    def install(self) -> str:
+        return f"pip install -e '.[{self.extra}]'"
+
+    def missing(self) -> str | None:
+        """Why this option cannot be built here for want of its package, or None."""
+        if self.module and importlib.util.find_spec(self.module.split(".")[0]) is None:
+            return f"{self.module} is not installed: {self.install}"
+        return None
+
+    def overrides_without_gpu(self, group: str) -> list[str]:
+        return [f"{group}.{key}={str(value).lower() if isinstance(value, bool) else value}"
+                for key, value in self.without_gpu.items()]
+
+
+def options(group: str) -> list[str]:
+    return sorted(path.stem for path in (CONF / group).glob("*.yaml"))
+
+
+def facts(group: str, option: str) -> Facts:
+    declared = OmegaConf.load(CONF / group / f"{option}.yaml").get(FACTS)
+    return Facts(**OmegaConf.to_container(declared)) if declared is not None else Facts()
+
+
+def gpu_options(group: str) -> list[str]:
+    return [option for option in options(group) if facts(group, option).gpu]
