@@ -25,6 +25,19 @@ class WriteError(ClearError):
 WRITE_FAILED = re.compile(r"inline_container|PytorchStreamWriter|file write failed|basic_ios|iostream error")
 
 
+def free_bytes(path: Path) -> int:
+    """Free space on the disk that holds `path`, or would once it is made."""
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def disk_space(path: Path) -> str:
+    """The free space beside `path`, as a failed write's message gives it."""
+    free = free_bytes(path) / 2**20
+    return f"{free:.1f} MiB free on its disk{': it is full' if free < 1 else ''}"
+
+
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """write(temporary path), then rename over `path`, which readers therefore see whole or not at all."""
     temporary = path.with_name(f".{path.name}.partial-{os.getpid()}")  # ranks may race
@@ -35,10 +48,9 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         temporary.unlink(missing_ok=True)
         if isinstance(err, RuntimeError) and not WRITE_FAILED.search(str(err)):
             raise  # not a write that failed: a bug
-        free = shutil.disk_usage(path.parent).free / 2**20 if path.parent.exists() else 0.0
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0]
-        raise WriteError(f"could not write {path}: {reason} ({free:.1f} MiB free on its disk); any earlier "
-                         f"{path.name} is intact") from err
+        raise WriteError(f"could not write {path}: {reason} ({disk_space(path)}); any earlier {path.name} is "
+                         "intact") from err
 
 
 def save(state: dict, path: Path) -> None:

@@ -23,9 +23,12 @@ from .workers import pick_num_workers
 class Loaders:
     train: NoPrefetcher
     val: NoPrefetcher
-    classes: list[str]
     num_workers: int  # as given, or as loader.num_workers=auto measured it
     splits: Splits
+
+    @property
+    def classes(self) -> list[str]:
+        return self.splits.classes
 
     def skipped_files(self, world: World) -> int:
         """Unreadable files met so far, counted once each across workers and processes."""
@@ -83,4 +86,4 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, deco
     train, val = [build(prefetcher, to_device=to_device, loader=make_loader(
         dataset, batch_size, training, seed, world, collate=chosen.collate, **settings))
         for dataset, training in ((splits.train, True), (splits.val, False))]
-    return Loaders(train, val, splits.classes, settings["num_workers"], splits)
+    return Loaders(train, val, settings["num_workers"], splits)

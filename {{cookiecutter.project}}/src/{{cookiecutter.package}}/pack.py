@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from . import failures, options
+from .checkpoint import disk_space, free_bytes
 from .config import ClearError, ConfigError, build
 from .decoder import Unreadable, decoding, pil_size
 from .decoder.pil import PilDecoder
@@ -87,18 +88,6 @@ def estimated_bytes(stores, convert: Convert) -> int:
     sizes = [payload.nbytes if isinstance(payload, np.ndarray) else len(payload)
              for payload in map(convert, paths) if not isinstance(payload, Exception)]
     return int(sum(len(store) for store in stores) * (sum(sizes) / max(1, len(sizes))))
-
-
-def free_bytes(path: Path) -> int:
-    """Free space on the disk that holds `path`, or would once it is made."""
-    while not path.exists():
-        path = path.parent
-    return shutil.disk_usage(path).free
-
-
-def disk_space(path: Path) -> str:
-    free = free_bytes(path) / 2**20
-    return f"{free:.1f} MiB free on its disk{': it is full' if free < 1 else ''}"
 
 
 def pack(root: Path, format: str, out: Path, short_side: int | None, quality: int, workers: int,
