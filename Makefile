@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 DEMO_DIR := build/demo
 DEMO_PROJECT := $(DEMO_DIR)/fasttrain-project
 
-# ResNet-18 on 112-pixel crops learns the synthetic classes in a few CPU minutes.
-DEMO_OVERRIDES := hydra.run.dir=outputs/demo model.name=resnet18 data.crop_size=112 data.val_resize=128 \
-	train.batch_size=32 train.epochs=4
+# The loop on ResNet-18 and 64-pixel crops of the synthetic set: a deliberately starved run and its verdict,
+# tune fixing it, then a short training of the tuned configuration ending with its report.
+DEMO_START := +experiment=cpu_quick loader.num_workers=0 decoder=pil
+DEMO_RUNS := outputs/demo
 
 # make gpu-check: GPU_PYTHON (default python3) is the GPU machine's Python with its CUDA torch.
 # make wheelhouse: WHEEL_PYTHON (such as 3.12) and WHEELHOUSE_SKIP ("torch torchvision ...") describe the target.
@@ -26,7 +27,12 @@ demo: $(VENV)/installed
 	rm -rf $(DEMO_DIR)
 	$(PY) -m cookiecutter --no-input . --output-dir $(DEMO_DIR)
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e $(DEMO_PROJECT)
-	cd $(DEMO_PROJECT) && $(abspath $(PY)) -m fasttrain_project.train $(DEMO_OVERRIDES)
+	cd $(DEMO_PROJECT) && $(abspath $(PY)) -m fasttrain_project.train $(DEMO_START) train.max_steps=40 \
+		train.log_every=10 train.limit_val_batches=1 hydra.run.dir=$(DEMO_RUNS)/starved
+	cd $(DEMO_PROJECT) && $(abspath $(PY)) -m fasttrain_project.tune $(DEMO_START) tune.budget_min=2 \
+		hydra.run.dir=$(DEMO_RUNS)/tune
+	cd $(DEMO_PROJECT) && PATH=$(abspath $(VENV)/bin):$$PATH eval "$$(cat $(DEMO_RUNS)/tune/command.txt) \
+		hydra.run.dir=$(DEMO_RUNS)/tuned"
 
 test: $(VENV)/installed
 	$(PY) -m pytest tests

@@ -21,7 +21,10 @@ def leftover_jinja(project: Path) -> list[str]:
     hits = []
     for path in project.rglob("*"):
         if path.is_file():
-            text = path.read_text(errors="replace")
+            try:
+                text = path.read_text()
+            except UnicodeDecodeError:
+                continue  # an image, copied as it is
             hits += [f"{path.relative_to(project)}: {mark}" for mark in JINJA_MARKS if mark in text]
     return hits + [str(p) for p in project.rglob("*") if any(mark in p.name for mark in JINJA_MARKS)]
 
@@ -37,7 +40,7 @@ def test_custom_project_name_derives_the_package(template, tmp_path):
     project = bake(template, tmp_path, project="Vision-Lab")
     assert project.name == "Vision-Lab"
     assert (project / "src/vision_lab/train.py").is_file()
-    assert "_target_: vision_lab.data.synthetic" in (project / "conf/data/synthetic.yaml").read_text()
+    assert "_target_: vision_lab.data.synthetic" in (project / "src/vision_lab/conf/data/synthetic.yaml").read_text()
     assert 'name = "Vision-Lab"' in (project / "pyproject.toml").read_text()
     assert leftover_jinja(project) == []
 
@@ -72,17 +75,52 @@ def test_hook_refuses_bad_names(template, tmp_path, answer, message):
     assert not output.exists() or list(output.iterdir()) == [], "nothing is left behind"
 
 
+def venv_seeing_ours(folder: Path) -> Path:
+    """A venv without pip's own copy of anything: it reads this one's packages through a .pth file."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin/python"
+    child_site = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+    Path(child_site, "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return python
+
+
+def test_wheel_install_names_itself_and_runs_from_anywhere(template, tmp_path):
+    """`pip install .` as a container image does it: the wheel carries conf/, and no file says the template's name."""
+    project = bake(template, tmp_path, project="Quokka.Lab-7")
+    leftovers = [f"{path.relative_to(project)}: {line.strip()}" for path in project.rglob("*") if path.is_file()
+                 for line in path.read_text(errors="replace").splitlines() if "fasttrain" in line.lower()]
+    assert leftovers == []
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(tmp_path / "dist"), str(project)], check=True, timeout=300)
+    python = venv_seeing_ours(tmp_path / "venv")
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", *(tmp_path / "dist").glob("*.whl")],
+                   check=True, timeout=300)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "mine/data").mkdir(parents=True)  # a user's own option, next to the package's
+    (elsewhere / "mine/data/few.yaml").write_text("defaults:\n  - synthetic\n  - _self_\n"
+                                                  "train_per_class: 6\nval_per_class: 2\n")
+    result = subprocess.run(
+        [python, "-m", "quokka_lab_7.train", "--config-dir", "mine", "data=few", "hydra.run.dir=out",
+         f"data.cache_dir={tmp_path / 'cache'}", "model.name=resnet18", "data.crop_size=32", "data.val_resize=40",
+         "train.batch_size=8", "train.max_steps=4", "train.log_every=2", "loader.num_workers=0"],
+        cwd=elsewhere, capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.stderr[-4000:]
+    installed_at = subprocess.run([python, "-c", "import quokka_lab_7; print(quokka_lab_7.__file__)"],
+                                  capture_output=True, text=True, check=True).stdout
+    assert str(project) not in installed_at, "the run used the wheel, not the source tree"
+    summary = json.loads((elsewhere / "out/summary.json").read_text())
+    assert summary["steps"] == 4 and summary["choices"]["data"] == "few"
+    assert len(list((tmp_path / "cache").rglob("*.JPEG"))) == 10 * (6 + 2), "the user's option set the sizes"
+
+
 @pytest.fixture(scope="module")
 def installed(template, tmp_path_factory):
     """A non-default bake, installed with `pip install -e` into a throwaway venv that sees this one's packages."""
     root = tmp_path_factory.mktemp("e2e")
     project = bake(template, root, project="e2e-check", package="e2e_check")
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin/python"
-    child_site = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-    Path(child_site, "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    python = venv_seeing_ours(root / "venv")
     subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e",
                     str(project)], check=True, timeout=300)
     return project, python
@@ -127,7 +165,8 @@ def test_training_run_reports_where_the_time_went(installed, tmp_path):
     assert summary["verdict"].startswith("Data loading is") and summary["advice"]
     assert summary["choices"] == {"data": "synthetic", "format": "folder", "decoder": "turbojpeg", "staging": "none",
                                   "prefetcher": "none", "model": "torchvision", "optim": "sgd",
-                                  "schedule": "warmup_cosine", "logger": "tensorboard", "profiler": "none"}
+                                  "schedule": "warmup_cosine", "logger": "tensorboard", "profiler": "none",
+                                  "debug": "none"}
     assert summary["env"]["device"].startswith("cpu") and summary["env"]["torch"]
     assert 0 <= summary["val_top1"] <= summary["val_top5"] <= 100
 

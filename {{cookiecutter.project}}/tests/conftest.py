@@ -20,11 +20,9 @@ PROJECT = Path(__file__).resolve().parents[1]
 CONF = options.CONF
 PACKAGE = "{{ cookiecutter.package }}"
 
-# A run that takes seconds on two CPU cores and still goes through every stage.
-TINY_DATA = ["data.num_classes=3", "data.train_per_class=8", "data.val_per_class=4",
-             "data.crop_size=32", "data.val_resize=36"]
-TINY_RUN = ["model.name=resnet18", "train.batch_size=4", "train.epochs=1", "train.log_every=2",
-            "loader.num_workers=0"]
+# A run that takes seconds on two CPU cores and still goes through every stage: debug=tiny, as users have it,
+# on a synthetic set of 3 classes.
+TINY_SYNTHETIC = ["data.num_classes=3", "data.train_per_class=8", "data.val_per_class=4"]
 QUIET = {"PYTHONWARNINGS": "ignore"}
 CPU_ONLY = {**QUIET, "CUDA_VISIBLE_DEVICES": ""}  # for the tests that are about a machine without a GPU
 TINY_OPTIONS = {"profiler=torch": ["profiler.wait=1", "profiler.warmup=1", "profiler.active=1"],
@@ -144,19 +142,18 @@ def packs(cache_dir, tiny_root) -> dict[str, Path]:
         if path.stem != "folder":
             packed[path.stem] = cache_dir / f"packed-{path.stem}"
             pack(tiny_root, path.stem, packed[path.stem], TENSOR_SHORT_SIDE if path.stem == "tensor" else None,
-                 90, 2, False, "raise")
+                 90, 2, False, "raise", chunk_mb=0.05)  # litdata: several chunks per split
     return packed
 
 
 def tiny(overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path) -> list[str]:
     """The user's overrides on top of those that shrink the run and point the chosen data option at tiny data."""
-    data = ([f"data.root={tiny_root}", "data.crop_size=32", "data.val_resize=36"] if "data=imagenet" in overrides
-            else [f"data.cache_dir={cache_dir}", *TINY_DATA])
+    data = [f"data.root={tiny_root}"] if "data=imagenet" in overrides else [f"data.cache_dir={cache_dir}", *TINY_SYNTHETIC]
     needed = [shrink for choice, shrinks in TINY_OPTIONS.items() if choice in overrides for shrink in shrinks]
     packed = [f"format.path={cache_dir / f'packed-{choice[7:]}'}" for choice in [*needed, *overrides]
               if choice.startswith("format=") and choice != "format=folder"]
     staged = [f"staging.dir={cache_dir / 'staged'}", "staging.reserve_gb=0"] if "staging=tmpfs" in overrides else []
-    return [*data, *TINY_RUN, *needed, *packed, *staged, *overrides]
+    return ["debug=tiny", *data, *needed, *packed, *staged, *overrides]
 
 
 @pytest.fixture
@@ -228,6 +225,18 @@ def wait_for(condition, *processes: subprocess.Popen, timeout: float = 300) -> N
             reason = f"ended with {ended} before the condition held" if ended else f"timed out after {timeout} s"
             raise AssertionError(f"{reason}\n{stderr[-4000:]}")
         time.sleep(0.2)
+
+
+def stopped_after_first_checkpoint(run_dir: Path, overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path) -> str:
+    """Train in the background, SIGTERM it once last.pt exists, and check it stopped cleanly; its stderr."""
+    import signal
+
+    process = start_cli(run_dir, overrides, cache_dir, tiny_root, env=QUIET)
+    wait_for(lambda: (run_dir / "last.pt").exists(), process)
+    process.send_signal(signal.SIGTERM)
+    stderr = finish(process, timeout=120)
+    assert process.returncode == 0, stderr[-2000:]
+    return stderr
 
 
 def finish(process: subprocess.Popen, timeout: float) -> str:

@@ -21,7 +21,7 @@ def test_the_ceiling_and_a_real_pipeline_side_by_side(tmp_path, train_cli):
     result = compare(sweep)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert "model.name=resnet18" in lines[0] and "prefetcher" not in lines[0]  # shared settings above the table
+    assert "debug=tiny" in lines[0] and "prefetcher" not in lines[0]  # shared settings above the table
     assert lines[2] == "| prefetcher | images/s | data wait | host | bound | × first |"
     assert lines[4].startswith("| resident |") and lines[4].endswith("| 1.00 |")
     ratio = real["images_per_s"] / ceiling["images_per_s"]

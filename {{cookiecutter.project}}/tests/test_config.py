@@ -77,7 +77,8 @@ def schedule_args(tmp_path):
 def check_format(stores, cfg, tmp_path, option):
     assert stores.classes == ["c00", "c01", "c02"] or len(stores.classes) == 3
     assert len(stores.train) == 24 and len(stores.val) == 12
-    payload = stores.train.read(0)
+    payload, label = stores.train.read(0)
+    assert label in range(3)
     assert payload.ndim == 3 if option == "tensor" else payload[:2] == b"\xff\xd8"  # pixels, or a JPEG
 
 
@@ -132,11 +133,57 @@ RUNTIME = {
 }
 
 
+OVERLAYS = {"experiment": "+", "debug": ""}  # groups of values laid over the whole config, not objects to build
+
+
 def test_every_group_has_a_check():
-    assert {group for group, _ in OPTIONS} == set(RUNTIME), "a new config group needs its entry in RUNTIME"
+    groups = {group for group, _ in OPTIONS}
+    assert groups == set(RUNTIME) | set(OVERLAYS), "a new config group needs its entry in RUNTIME"
 
 
-@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def settings_of(node, prefix: str = ""):
+    """(dotted key, value) of every plain value an overlay sets: not its defaults list, nor interpolations."""
+    for key, value in node.items():
+        if key == "defaults":
+            continue
+        if isinstance(value, dict):
+            yield from settings_of(value, f"{prefix}{key}.")
+        elif not (isinstance(value, str) and value.startswith("${")):
+            yield f"{prefix}{key}", value
+
+
+@pytest.mark.parametrize(("group", "option"), [(g, o) for g, o in OPTIONS if g in OVERLAYS])
+def test_recipe_and_debug_overlays_compose_with_what_they_set(group, option):
+    from hydra import compose, initialize_config_dir
+
+    import {{ cookiecutter.package }}.distributed  # noqa: F401 - registers the resolvers the recipes use
+
+    overlay = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", [f"{OVERLAYS[group]}{group}={option}"])
+    for key, value in settings_of(overlay):
+        assert OmegaConf.select(cfg, key) == value, key
+    check_ranges(cfg)  # every number a recipe sets is in its key's range
+    assert cfg.optim.lr > 0
+
+
+def test_imagenet_recipe_scales_the_learning_rate_with_the_global_batch(monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    import {{ cookiecutter.package }}.distributed  # noqa: F401 - registers linear_lr
+
+    def lr(processes: int) -> float:
+        monkeypatch.setenv("WORLD_SIZE", str(processes))
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose("train", ["+experiment=imagenet_resnet50"]).optim.lr
+
+    assert lr(1) == pytest.approx(0.1 * 128 / 256) and lr(8) == pytest.approx(0.1 * 1024 / 256)
+
+
+BUILT = [(g, o) for g, o in OPTIONS if g not in OVERLAYS]
+
+
+@pytest.mark.parametrize(("group", "option"), BUILT, ids=[f"{g}={o}" for g, o in BUILT])
 def test_option_composes_and_builds(group, option, compose_tiny, tmp_path, tiny_root):
     choice, facts = f"{group}={option}", options.facts(group, option)
     if facts.gpu and not facts.without_gpu and DEVICE.type != "cuda":
@@ -190,7 +237,8 @@ def outside(value, spec: str):
 
 def every_option_composed(compose_tiny):
     """The training config once per option of every group (the group's numbers are only there when picked)."""
-    return [compose_tiny(f"{group}={option}") for group, option in OPTIONS]
+    # Recipes set keys the other options already have (and may pick another data set): their own test checks them.
+    return [compose_tiny(f"{group}={option}") for group, option in OPTIONS if group != "experiment"]
 
 
 def test_every_number_of_every_option_has_a_range_beside_it(compose_tiny):

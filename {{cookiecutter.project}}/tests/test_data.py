@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from {{ cookiecutter.package }}.config import ConfigError
-from conftest import ODD_FILES, encoded, photo
+from conftest import ODD_FILES
 
 from {{ cookiecutter.package }}.data import (MEAN, STD, Images, ToDevice, TrainCrop, UnreadableImage, WrongDataSet,
                                       imagenet, make_splits)
@@ -152,7 +152,7 @@ class Store:
 
     def read(self, index):
         self.reads += 1
-        return b"bad" if index in self.bad else b"good"
+        return (b"bad" if index in self.bad else b"good"), self.labels[index]
 
     def name(self, index):
         return f"image {index}"
@@ -186,3 +186,14 @@ def test_replacing_a_bad_image_reads_a_bounded_number_and_a_wrong_data_set_stops
             half[index]
     tolerant = Images(Store(bad=set(range(0, 40, 2))), decode, "skip", max_bad_fraction=0.6)
     assert len([tolerant[index] for index in range(40)]) == 40
+
+
+@pytest.mark.parametrize("size", [32, 64, 224])
+def test_full_detail_side_is_the_least_at_which_every_crop_keeps_its_pixels(size):
+    import random
+
+    crop = TrainCrop(size)
+    side = crop.full_detail_side()
+    random.seed(0)
+    smallest = min(min(box[2] - box[0], box[3] - box[1]) for box, _ in (crop(side, side) for _ in range(20000)))
+    assert size - 1 <= smallest < size + 0.05 * size  # rounding aside, the smallest crops are just the size

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import CONF, CPU_ONLY, LONGER, PROJECT, TWO_PROCESSES, finish, start_cli, summary, tiny, wait_for
+from conftest import (CONF, CPU_ONLY, LONGER, PROJECT, TWO_PROCESSES, cli_command, finish, start_cli, summary, tiny,
+                      wait_for)
 from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }}.config import ConfigError
@@ -167,6 +168,20 @@ def test_slurm_launcher_config_composes():
     launcher = cfg.hydra.launcher
     assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
     assert launcher.nodes == 2 and launcher.tasks_per_node == launcher.gpus_per_node == 8
+
+
+def test_submitit_launcher_trains(tmp_path, cache_dir, tiny_root, packs):
+    """submitit's local executor pickles the task function and runs it in a job of its own, as Slurm's does."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    sweep = tmp_path / "sweep"
+    python, dash_m, module, *overrides = cli_command(tmp_path / "unused", ("train.max_steps=3",), cache_dir, tiny_root)
+    result = subprocess.run([python, dash_m, module, "--multirun", "hydra/launcher=submitit_local",
+                             f"hydra.sweep.dir={sweep}", *overrides], cwd=PROJECT, capture_output=True,
+                            text=True, timeout=600, env={**os.environ, **CPU_ONLY})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert summary(sweep / "0")["steps"] == 3
+    job_logs = list((sweep / ".submitit").glob("*/*_0_log.out"))
+    assert job_logs and "==== where the time went ====" in job_logs[0].read_text(), "the report came from the job"
 
 
 @pytest.mark.gpu

@@ -3,16 +3,15 @@ left behind, and the last completed step saved for resume=auto."""
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
-import pytest
 import torch
-from conftest import LONGER, PACKAGE, PROJECT, QUIET, cli_command, finish, start_cli, summary, wait_for
+from conftest import (LONGER, PACKAGE, PROJECT, QUIET, cli_command, finish, start_cli, stopped_after_first_checkpoint,
+                      summary, wait_for)
 
 SECONDS_TO_EXIT = 30
 
@@ -144,12 +143,8 @@ def test_a_full_disk_during_training_is_one_line_and_leaves_no_half_checkpoint(t
 
 def test_sigterm_still_stops_at_the_window_and_leaves_no_worker(tmp_path, cache_dir, tiny_root):
     run_dir = tmp_path / "run"
-    process = start_cli(run_dir, (*LONGER, "loader.num_workers=2", "loader.persistent_workers=true"), cache_dir,
-                        tiny_root, env=QUIET)
-    wait_for(lambda: (run_dir / "last.pt").exists(), process)
-    process.send_signal(signal.SIGTERM)
-    stderr = finish(process, timeout=120)
-    assert process.returncode == 0, stderr[-2000:]
+    stopped_after_first_checkpoint(run_dir, (*LONGER, "loader.num_workers=2", "loader.persistent_workers=true"),
+                                   cache_dir, tiny_root)
     assert "stopped by SIGTERM" in (run_dir / "train.log").read_text() and not left_behind(run_dir)
     assert not (run_dir / "summary.json").exists() and summary  # resume=auto finishes it (test_train)
 
@@ -168,10 +163,7 @@ def test_three_interruptions_resume_to_the_weights_of_an_uninterrupted_run(tmp_p
     run_dir = tmp_path / "interrupted"
     log = run_dir / "train.log"
 
-    process = start_cli(run_dir, EXACT, cache_dir, tiny_root, env=QUIET)
-    wait_for(lambda: (run_dir / "last.pt").exists(), process)
-    process.send_signal(signal.SIGTERM)
-    assert (finish(process, timeout=120), process.returncode)[1] == 0
+    stopped_after_first_checkpoint(run_dir, EXACT, cache_dir, tiny_root)
     stops = [saved_step(run_dir)]
 
     failed = train_cli(run_dir, *EXACT, "resume=auto", "faults.worker_error_at=40", check=False)

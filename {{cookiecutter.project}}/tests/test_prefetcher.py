@@ -136,7 +136,7 @@ class PinnedBatches:
     def __init__(self, count: int, shape: tuple[int, ...]):
         self.batches = [(torch.randint(0, 256, shape, dtype=torch.uint8).pin_memory(), torch.arange(shape[0]))
                         for _ in range(count)]
-        self.sampler, self.batch_size = None, shape[0]
+        self.batch_size = shape[0]
 
     def __len__(self) -> int:
         return len(self.batches)

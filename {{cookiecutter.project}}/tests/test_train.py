@@ -1,9 +1,7 @@
 """The real command line: a run resumes from its checkpoint, torchrun works, bad input fails in one line."""
-import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 

@@ -93,7 +93,12 @@ def timed_decoders(names: list[str], batch_size: int, device: torch.device) -> t
     return runnable, unable
 
 
-def loader_for(dataset, batch_size: int, num_workers: int, collate=None) -> DataLoader:
+def loader_for(dataset, batch_size: int, num_workers: int, collate=None, stores: Stores | None = None) -> DataLoader:
+    """Shuffled batches, as training reads them: through the format's own loader where it has one (litdata)."""
+    if stores is not None and stores.train_loader is not None:
+        return stores.train_loader(dataset, batch_size=batch_size, seed=0, collate=collate, worker_init_fn=seed_worker,
+                                   num_workers=num_workers, prefetch_factor=2 if num_workers else None,
+                                   pin_memory=False, persistent_workers=num_workers > 0)
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=num_workers,
                       persistent_workers=num_workers > 0, collate_fn=collate, worker_init_fn=seed_worker,
                       prefetch_factor=2 if num_workers else None)
@@ -130,13 +135,13 @@ def decode_only(root: Path, cpu_decoders: dict[str, CpuDecoder]) -> tuple[str, f
 
 def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> Stores:
     """The training split in `format`, packed from the source tree on first use."""
-    node = {"_target_": f"{__package__}.format.{format}.build"}
+    node = OmegaConf.load(options.CONF / "format" / f"{format}.yaml")
     if format != "folder":
         node["path"] = str(pack_dir / f"{source.root.name}-{format}")
         if not Path(node["path"]).exists():
             pack(source.root, format, Path(node["path"]), short_side if format == "tensor" else None, 90,
                  os.cpu_count() or 1, False, "skip")
-    return build(OmegaConf.create(node), source=source, stage=no_staging)
+    return build(node, source=source, stage=no_staging)
 
 
 def chart(rows: list[dict], path: Path) -> None:
@@ -180,7 +185,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
             stores = stores_for(format, source, Path(settings.pack_dir).expanduser(), settings.short_side)
             for name in (["none"] if stores.train.decoded else runnable):
                 splits = make_splits(source, stores, NoDecoder() if name == "none" else runnable[name])
-                loader = loader_for(splits.train, settings.batch_size, workers, splits.decoder.collate)
+                loader = loader_for(splits.train, settings.batch_size, workers, splits.decoder.collate, stores)
                 rate = time_epochs(loader, settings.timed_epochs,
                                    lambda batch: splits.decoder.upload(batch[0], device, True), device)
                 rows.append({"decoder": name, "format": format, "num_workers": workers, "images_per_s": rate,
@@ -212,7 +217,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="bench")
+@hydra.main(version_base="1.3", config_path=str(options.CONF), config_name="bench")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:

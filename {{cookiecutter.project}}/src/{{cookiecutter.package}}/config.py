@@ -121,7 +121,9 @@ def check(cfg: DictConfig) -> None:
     if missing:
         raise ConfigError(f"{missing[0]} has no value: pass {missing[0]}=...")
     hydra_cfg = HydraConfig.get()
-    choices = [f"{group}={option}" for group, option in hydra_cfg.runtime.choices.items()
+    appended = {override.split("=")[0] for override in hydra_cfg.overrides.task if override.startswith("+")}
+    choices = [f"{'+' if f'+{group}' in appended else ''}{group}={option}"  # +experiment=...: not in defaults
+               for group, option in hydra_cfg.runtime.choices.items()
                if not group.startswith("hydra") and option is not None]
     defaults = compose(hydra_cfg.job.config_name, overrides=choices)
     plain = OmegaConf.to_container(defaults, resolve=False)

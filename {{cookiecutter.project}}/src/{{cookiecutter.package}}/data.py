@@ -8,6 +8,7 @@ import logging
 import math
 import multiprocessing
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +69,11 @@ class TrainCrop(Crop):
         self.size, self.scale = size, scale
         self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
         self.ratio = ratio
+
+    def full_detail_side(self) -> int:
+        """The shorter side from which even the smallest crop spans `size` pixels each way: images resized to
+        it first lose nothing the crops keep (a pack at that size trains on the same pixels, within resampling)."""
+        return math.ceil(self.size / math.sqrt(self.scale[0] * min(self.ratio[0], 1 / self.ratio[1])))
 
     def __call__(self, width: int, height: int) -> tuple[Box, bool]:
         area = width * height
@@ -132,6 +138,7 @@ class Images(Dataset):
         self.bad = multiprocessing.RawArray("b", len(store))
         self.counts = multiprocessing.Array("q", 2)  # reads, unreadable reads
         self.fail_at = -1  # faults.worker_error_at: the read (counted across workers, from 1) that raises
+        self.read_delay_s = 0.0  # faults.read_delay_ms: a slow disk or decoder, on purpose
 
     def __len__(self) -> int:
         return len(self.store)
@@ -146,12 +153,15 @@ class Images(Dataset):
         for position in (index + offset for offset in range(min(REPLACEMENTS, len(self.store)))):
             position %= len(self.store)
             try:
-                item = self.transform(self.store.read(position)), int(self.store.labels[position])
+                payload, label = self.store.read(position)
+                item = self.transform(payload), label
             except Unreadable as err:
                 self._count(unreadable=True)
                 self._skip(position, err)
                 continue
             self._count(unreadable=False)
+            if self.read_delay_s:  # even time.sleep(0) costs a tenth of a millisecond
+                time.sleep(self.read_delay_s)
             return item
         raise WrongDataSet(f"{REPLACEMENTS} images in a row from {self.store.name(index)} on are unreadable: is "
                            "this the data set you meant?")

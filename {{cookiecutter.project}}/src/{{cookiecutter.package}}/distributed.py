@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
@@ -55,6 +56,12 @@ class World:
         if sync_bn:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None)
+
+
+def linear_lr(base: float, reference_batch: int, *, _root_) -> float:
+    """`base` per `reference_batch` images of the global batch, train.batch_size times the processes of the job
+    (torchrun's WORLD_SIZE): the linear scaling rule of Goyal et al. (arXiv:1706.02677)."""
+    return base * _root_.train.batch_size * int(os.environ.get("WORLD_SIZE", 1)) / reference_batch
 
 
 def setup(timeout_min: float = 30.0) -> World:
@@ -114,6 +121,13 @@ def rank_suffix() -> str:
     """'' on rank 0, '-rank<N>' elsewhere: each rank's log file name."""
     rank = int(os.environ.get("RANK", 0))
     return f"-rank{rank}" if rank else ""
+
+
+# The resolvers train.yaml and the recipes use, registered with the functions: every entry point that composes
+# train.yaml imports this module, through its own imports or those of data.py.
+OmegaConf.register_new_resolver("run_name", run_name, replace=True)
+OmegaConf.register_new_resolver("rank_suffix", rank_suffix, replace=True)
+OmegaConf.register_new_resolver("linear_lr", linear_lr, replace=True)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

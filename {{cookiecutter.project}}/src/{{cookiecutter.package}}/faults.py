@@ -5,6 +5,9 @@ a failure ends the run in one line with nothing lost.
   on a GPU the report must call the run host-bound, not data-bound.
 - `faults.worker_error_at=N` makes the loader worker that reads the Nth training image of the run raise
   (counted across workers; see data.Images).
+- `faults.read_delay_ms=20` makes each training image take that much longer to load, in the loader worker:
+  a slow disk or decoder, which more workers hide; the report must call the run data-bound, and `tune`
+  must find the workers.
 """
 import time
 

@@ -23,6 +23,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from . import options
 from .config import ClearError, ConfigError
 from .report import environment
 
@@ -233,7 +234,7 @@ def gpu_check(cfg: DictConfig, run_dir: Path) -> Path:
     return write_report(cfg, run_dir, runs, run_bench(cfg, run_dir), device)
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="gpu_check")
+@hydra.main(version_base="1.3", config_path=str(options.CONF), config_name="gpu_check")
 def main(cfg: DictConfig) -> None:
     try:
         report = gpu_check(cfg, Path(HydraConfig.get().runtime.output_dir))

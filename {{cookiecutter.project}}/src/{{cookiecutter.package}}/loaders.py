@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from .config import RANGES, build
 from .data import Images, Splits, ToDevice, make_splits
 from .distributed import EpochSampler, Shard, World
+from .format import Stores
 from .prefetcher import NoPrefetcher
 from .workers import pick_num_workers
 
@@ -45,9 +46,24 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
+class SampledLoader(DataLoader):
+    """A DataLoader over our samplers. Where an epoch stands is all a resumed run needs, since augmentation is
+    seeded per image: its state is empty. A format with a loader of its own (litdata) keeps the same three."""
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Shuffle for `epoch`, starting after its first `skip_batches` batches."""
+        self.sampler.set_epoch(epoch, skip_batches * self.batch_size)
+
+    def state(self, epoch: int, batches_done: int) -> dict:
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        """Nothing to restore beyond the epoch and batch that set_epoch is given."""
+
+
 def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: int, world: World,
                 num_workers: int, prefetch_factor: int, pin_memory: bool, persistent_workers: bool,
-                collate=None) -> DataLoader:
+                collate=None) -> SampledLoader:
     """Training batches are shuffled and full, a different share per process; validation covers each image once.
 
     The training sampler (a DistributedSampler) serves a single process too (one replica needs no process
@@ -56,7 +72,7 @@ def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: i
     """
     sampler = (EpochSampler(dataset, world.size, world.rank, shuffle=True, seed=seed, drop_last=True)
                if train else Shard(dataset, world))
-    return DataLoader(
+    return SampledLoader(
         dataset, batch_size=batch_size, sampler=sampler, drop_last=train, num_workers=num_workers,
         collate_fn=collate, pin_memory=pin_memory and world.device.type == "cuda",
         prefetch_factor=prefetch_factor if num_workers else None,
@@ -66,24 +82,34 @@ def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: i
     )
 
 
+def training_loader(stores: Stores, images: Images, batch_size: int, seed: int, world: World, collate,
+                    **settings) -> DataLoader:
+    """Ours, or the format's own where it shards and shuffles the stream itself."""
+    if stores.train_loader is None:
+        return make_loader(images, batch_size, True, seed, world, collate=collate, **settings)
+    return stores.train_loader(images, batch_size=batch_size, seed=seed, collate=collate, worker_init_fn=seed_worker,
+                               **{**settings, "pin_memory": settings["pin_memory"] and world.device.type == "cuda"})
+
+
 def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, decoder: DictConfig,
                  prefetcher: DictConfig, loader: DictConfig, batch_size: int, seed: int, world: World,
-                 memory_format: torch.memory_format, worker_error_at: int = -1) -> Loaders:
-    """Build each option from its node and put them together; `worker_error_at` is faults.worker_error_at."""
+                 memory_format: torch.memory_format, worker_error_at: int = -1, read_delay_ms: float = 0.0) -> Loaders:
+    """Build each option from its node and put them together; the last two are faults.worker_error_at and
+    faults.read_delay_ms."""
     source = build(data)
     stores = build(format, source=source, stage=build(staging, world=world))
     chosen = build(decoder)
     chosen.check_device(world.device)
     splits = make_splits(source, stores, chosen, seed)
-    splits.train.fail_at = worker_error_at
+    splits.train.fail_at, splits.train.read_delay_s = worker_error_at, read_delay_ms / 1000
     settings = {key: value for key, value in loader.items() if key != RANGES}
     non_blocking = settings.pop("non_blocking")
     settings["num_workers"] = pick_num_workers(
-        settings["num_workers"], splits.train, batch_size, lambda count: make_loader(
-            splits.train, batch_size, True, seed, world, collate=chosen.collate,
+        settings["num_workers"], splits.train, batch_size, lambda count: training_loader(
+            stores, splits.train, batch_size, seed, world, chosen.collate,
             **{**settings, "num_workers": count, "persistent_workers": False}))
     to_device = ToDevice(chosen, world.device, non_blocking, memory_format)
-    train, val = [build(prefetcher, to_device=to_device, loader=make_loader(
-        dataset, batch_size, training, seed, world, collate=chosen.collate, **settings))
-        for dataset, training in ((splits.train, True), (splits.val, False))]
+    train = training_loader(stores, splits.train, batch_size, seed, world, chosen.collate, **settings)
+    val = make_loader(splits.val, batch_size, False, seed, world, collate=chosen.collate, **settings)
+    train, val = (build(prefetcher, to_device=to_device, loader=loader) for loader in (train, val))
     return Loaders(train, val, settings["num_workers"], splits)

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from .config import FACTS
 
-CONF = Path(__file__).resolve().parents[2] / "conf"  # the entry points' config_path
+CONF = Path(__file__).resolve().parent / "conf"  # the entry points' config_path, shipped in the wheel
 
 
 @dataclass(frozen=True)

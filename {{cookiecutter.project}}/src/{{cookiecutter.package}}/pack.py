@@ -2,10 +2,13 @@
 
     python -m {{ cookiecutter.package }}.pack data.root=/data/imagenet format=lmdb pack.out=/data/imagenet-lmdb
     python -m {{ cookiecutter.package }}.pack data.root=/data/imagenet format=tensor pack.short_side=256 pack.out=/data/in-256
+    python -m {{ cookiecutter.package }}.pack data.root=/data/imagenet format=litdata pack.out=s3://bucket/imagenet
 
 The pack is written to a temporary folder beside pack.out and renamed when every file and pack.json are
-complete, so an interrupted or failed pack leaves nothing that looks valid.
+complete, so an interrupted or failed pack leaves nothing that looks valid. An S3 pack is written locally,
+then uploaded with pack.json last.
 """
+import functools
 import importlib
 import io
 import json
@@ -15,6 +18,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,14 +41,16 @@ from .format.folder import open_tree
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("hdf5", "lmdb", "tensor")
+FORMATS = ("hdf5", "lmdb", "tensor", "litdata")
 
 
 def shorter_side_to(image: np.ndarray, short_side: int) -> np.ndarray:
+    """The image shrunk so that its shorter side is `short_side`; a smaller one as it is: enlarging adds no detail."""
     height, width = image.shape[:2]
     scale = short_side / min(height, width)
-    size = (max(1, round(width * scale)), max(1, round(height * scale)))
-    return cv2.resize(image, size, interpolation=cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR)
+    if scale >= 1:
+        return image
+    return cv2.resize(image, (max(1, round(width * scale)), max(1, round(height * scale))), interpolation=cv2.INTER_AREA)
 
 
 def check_decodes(data: bytes) -> None:
@@ -90,9 +96,9 @@ def estimated_bytes(stores, convert: Convert) -> int:
     return int(sum(len(store) for store in stores) * (sum(sizes) / max(1, len(sizes))))
 
 
-def pack(root: Path, format: str, out: Path, short_side: int | None, quality: int, workers: int,
-         overwrite: bool, on_error: str) -> dict:
-    """Write the packed folder `out`; the counts, bytes and rate as a dict."""
+def pack(root: Path, format: str, out: Path | str, short_side: int | None, quality: int, workers: int,
+         overwrite: bool, on_error: str, chunk_mb: float = 64, endpoint_url: str | None = None) -> dict:
+    """Write the packed folder `out` (or, for litdata, an s3:// prefix); the counts, bytes and rate as a dict."""
     if format not in FORMATS:
         raise ConfigError(f"format={format} cannot be packed: pick one of {', '.join(FORMATS)}")
     missing = options.facts("format", format).missing()
@@ -101,43 +107,66 @@ def pack(root: Path, format: str, out: Path, short_side: int | None, quality: in
     decoded = format == "tensor"
     if decoded and not short_side:
         raise ConfigError("format=tensor stores pixels at one size: pass pack.short_side=256 (or another size)")
-    if out.exists() and not overwrite:
+    module = importlib.import_module(f".format.{format}", __package__)
+    remote = str(out).startswith("s3://")
+    if remote and format != "litdata":
+        raise ConfigError(f"pack.out={out}: only format=litdata is written to S3; pack locally for format={format}")
+    if (module.finished(str(out), endpoint_url) if remote else Path(out).exists()) and not overwrite:
         raise ConfigError(f"pack.out={out} exists: pick another folder or pass pack.overwrite=true")
     train, val, classes = open_tree(root)
     convert = Convert(decoded, short_side, quality)
-    needed, free = MARGIN * estimated_bytes((train, val), convert), free_bytes(out.parent)
+    # An S3 pack is written in a local folder first, then uploaded.
+    partial = (Path(tempfile.mkdtemp(prefix="pack-")) / "out" if remote
+               else Path(out).with_name(f".{Path(out).name}.partial-{os.getpid()}"))
+    needed, free = MARGIN * estimated_bytes((train, val), convert), free_bytes(partial.parent)
     if needed > free:
-        raise ConfigError(f"pack.out={out}: the pack needs about {needed / 2**20:.1f} MiB and its disk has "
+        disk = f"the disk of {partial.parent}, where it is written before the upload," if remote else "its disk"
+        raise ConfigError(f"pack.out={out}: the pack needs about {needed / 2**20:.1f} MiB and {disk} has "
                           f"{free / 2**20:.1f} MiB free; free some space or pick a pack.out on another disk")
-    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     partial.mkdir(parents=True)
     start, meta, skipped = time.perf_counter(), {"format": format, "classes": classes, "short_side": short_side,
                                                   "quality": quality if short_side else None, "splits": {}}, []
+    write = partial_write(module, format, chunk_mb)
     try:
         for split, store in zip(SPLITS, (train, val)):
-            file = partial / f"{split}{importlib.import_module(f'.format.{format}', __package__).SUFFIX}"
-            kept, left_out = write_split(format, file, store, convert, workers, on_error, split)
+            file = partial / f"{split}{module.SUFFIX}"
+            kept, left_out = write_split(write, format, file, store, convert, workers, on_error, split)
             skipped += left_out
-            meta["splits"][split] = {"file": file.name, "images": kept, "bytes": file.stat().st_size}
+            meta["splits"][split] = {"file": file.name, "images": kept, "bytes": bytes_in(file)}
         (partial / META).write_text(json.dumps(meta, indent=1))
-        if out.exists():
-            shutil.rmtree(out)
-        partial.rename(out)
+        packed_bytes = bytes_in(partial)
+        if remote:
+            module.upload(partial, str(out), endpoint_url)
+        else:
+            if Path(out).exists():
+                shutil.rmtree(out)
+            partial.rename(out)
     except BaseException as err:
-        shutil.rmtree(partial, ignore_errors=True)
         if isinstance(err, OSError):
             raise ClearError(f"pack failed, nothing written at {out}: {err}") from err
         raise
+    finally:
+        shutil.rmtree(partial.parent if remote else partial, ignore_errors=True)
     seconds = time.perf_counter() - start
     images = sum(split["images"] for split in meta["splits"].values())
     source_bytes = sum(path.stat().st_size for store in (train, val) for path in store.paths)
-    packed_bytes = sum(path.stat().st_size for path in out.iterdir())
     return {"out": str(out), "format": format, "images": images, "skipped": len(skipped),
             "source_mb": source_bytes / 1e6, "packed_mb": packed_bytes / 1e6, "seconds": seconds,
             "images_per_s": images / seconds}
 
 
-def write_split(format: str, file: Path, store, convert: Convert, workers: int, on_error: str,
+def bytes_in(path: Path) -> int:
+    """A file's size, or the sum of a folder's files."""
+    return path.stat().st_size if path.is_file() else sum(file.stat().st_size for file in path.rglob("*")
+                                                          if file.is_file())
+
+
+def partial_write(module, format: str, chunk_mb: float):
+    """The format's write(path, records), given its own settings: litdata's chunk size."""
+    return functools.partial(module.write, chunk_mb=chunk_mb) if format == "litdata" else module.write
+
+
+def write_split(write, format: str, file: Path, store, convert: Convert, workers: int, on_error: str,
                 split: str) -> tuple[int, list[str]]:
     """(images kept, files left out) of one split, written by a child process.
 
@@ -147,7 +176,7 @@ def write_split(format: str, file: Path, store, convert: Convert, workers: int, 
     """
     receiver, sender = multiprocessing.Pipe(duplex=False)
     child = multiprocessing.Process(target=_write_split, name=f"pack-{split}",
-                                    args=(format, file, store, convert, workers, on_error, split, sender))
+                                    args=(write, file, store, convert, workers, on_error, split, sender))
     child.start()
     sender.close()  # the child holds the only sending end: its death reads as EOF here
     try:
@@ -192,7 +221,7 @@ def as_is(item):
     return item
 
 
-def _write_split(format: str, file: Path, store, convert: Convert, workers: int, on_error: str, split: str,
+def _write_split(write, file: Path, store, convert: Convert, workers: int, on_error: str, split: str,
                  sender) -> None:
     """The child's side of write_split: convert with `workers` processes, write, send the outcome, and leave
     without running any finalizer (a native library's, after a failed write, is what crashes)."""
@@ -216,8 +245,7 @@ def _write_split(format: str, file: Path, store, convert: Convert, workers: int,
     converted = DataLoader(Converted(store.paths, convert), batch_size=None, num_workers=workers,
                            collate_fn=as_is, prefetch_factor=8 if workers else None)
     try:
-        module = importlib.import_module(f".format.{format}", __package__)
-        module.write(file, records(converted))
+        write(file, records(converted))
         outcome = ("ok", kept, skipped)
     except ClearError as err:
         outcome = ("error", err)
@@ -234,15 +262,16 @@ def _write_split(format: str, file: Path, store, convert: Convert, workers: int,
     os._exit(0)
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="pack")
+@hydra.main(version_base="1.3", config_path=str(options.CONF), config_name="pack")
 def main(cfg: DictConfig) -> None:
     try:
         source = build(cfg.data)
         if source.root is None:
             raise ConfigError("pass data.root=SRC, the tree with train/ and val/ to pack")
-        report = pack(source.root, HydraConfig.get().runtime.choices["format"], Path(cfg.pack.out).expanduser(),
-                      cfg.pack.short_side, cfg.pack.quality, cfg.pack.workers, cfg.pack.overwrite,
-                      source.on_error)
+        out = cfg.pack.out if str(cfg.pack.out).startswith("s3://") else Path(cfg.pack.out).expanduser()
+        report = pack(source.root, HydraConfig.get().runtime.choices["format"], out, cfg.pack.short_side,
+                      cfg.pack.quality, cfg.pack.workers, cfg.pack.overwrite, source.on_error, cfg.pack.chunk_mb,
+                      cfg.format.get("endpoint_url"))
     except ClearError as err:
         sys.exit(f"error: {err}")
     log.info("packed %d images (%d left out as unreadable) into %s: %.1f MB from %.1f MB, %.1f s, %.0f images/s",

@@ -1,6 +1,6 @@
 """How batches reach the device: `prefetcher=none|thread|cuda_stream|resident`.
 
-Each wraps the DataLoader, keeps its len and sampler, and yields (normalised images, labels) on the device.
+Each wraps the DataLoader, keeps its len and place in the epoch, and yields (normalised images, labels) on the device.
 - `none`: copy and normalise in the training thread, just before the step.
 - `thread`: a background thread keeps `depth` batches copied and normalised ahead (pick when the host
   side of a batch, collation and the copy, shows up as data time).
@@ -24,14 +24,21 @@ ToDevice = Callable[[object], tuple[torch.Tensor, torch.Tensor]]
 class NoPrefetcher:
     def __init__(self, loader: DataLoader, to_device: ToDevice):
         self.loader, self.to_device = loader, to_device
-        self.sampler = loader.sampler
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Shuffle the training order for this epoch, starting after its first `skip_batches` batches."""
-        self.sampler.set_epoch(epoch, skip_batches * self.loader.batch_size)
+        self.loader.set_epoch(epoch, skip_batches)
+
+    def state(self, epoch: int, batches_done: int) -> dict:
+        """What the loader needs, beyond epoch and batch, to resume after `batches_done` batches of `epoch`;
+        asked of it rather than read from it, since a prefetcher runs ahead of the training step."""
+        return self.loader.state(epoch, batches_done)
+
+    def load_state(self, state: dict) -> None:
+        self.loader.load_state(state)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for batch in self.loader:

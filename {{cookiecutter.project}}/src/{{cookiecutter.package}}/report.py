@@ -9,6 +9,7 @@ import torch
 
 from . import options
 from .clock import Window
+from .data import TrainCrop
 from .distributed import World
 
 NOTICEABLE = 0.10  # a share of the time below this, waiting for data or for the host, is noise
@@ -31,6 +32,7 @@ class Settings:
     channels_last: bool = False
     compile: bool = False
     cudnn: str = "default"
+    crop_size: int = 224
     choices: dict[str, str] = field(default_factory=dict)  # group -> option picked
 
 
@@ -91,7 +93,7 @@ def _data_advice(system: dict[str, float], device: torch.device, settings: Setti
     elif cpu >= CPU_SATURATED:
         advice.append(f"The CPU is saturated ({cpu:.0f}% of {cores} cores): decoding and cropping are the limit, "
                       "so more workers will not help.")
-        advice.extend(_lighter_decoding(choices, device))
+        advice.extend(_lighter_decoding(choices, device, settings.crop_size))
     else:
         if settings.num_workers < cores:
             advice.append(f"The CPU has headroom ({cpu:.0f}% of {cores} cores): raise "
@@ -143,7 +145,7 @@ def _compute_advice(system: dict[str, float], device: torch.device, settings: Se
 ADVICE = {"data": _data_advice, "host": _host_advice, "compute": _compute_advice}
 
 
-def _lighter_decoding(choices: dict[str, str], device: torch.device) -> list[str]:
+def _lighter_decoding(choices: dict[str, str], device: torch.device, crop_size: int) -> list[str]:
     """Ways to spend less CPU per image, given what the run already uses."""
     if choices.get("format") == "tensor":
         return ["Nothing is decoded any more (format=tensor): only more cores per device, or smaller crops "
@@ -154,8 +156,10 @@ def _lighter_decoding(choices: dict[str, str], device: torch.device) -> list[str
     on_the_gpu = options.gpu_options("decoder")
     if device.type == "cuda" and choices.get("decoder") not in on_the_gpu:
         advice.append(f"Move decoding to the GPU: {' or '.join(f'decoder={name}' for name in on_the_gpu)}.")
-    advice.append("Decode once, offline: pack with `python -m {{ cookiecutter.package }}.pack format=tensor "
-                  "pack.short_side=256` and train with format=tensor decoder=none.")
+    side = TrainCrop(crop_size).full_detail_side()
+    advice.append(f"Decode once, offline: pack with `python -m {{ cookiecutter.package }}.pack format=tensor "
+                  f"pack.short_side={side}` and train with format=tensor decoder=none (at that side the smallest random "
+                  f"crop still has its {crop_size} pixels; a smaller one saves disk at some detail).")
     return advice
 
 

@@ -16,11 +16,11 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
-from . import checkpoint, cudnn, distributed, failures, faults
+from . import checkpoint, cudnn, distributed, failures, faults, options
 from .clock import Clock, Window, make_clock
 from .config import build, check
 from .loaders import Loaders, make_loaders
@@ -87,7 +87,7 @@ class Run:
         return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
                 "identity": self.identity, "epoch": self.epoch, "step": self.step,
-                "batch_in_epoch": self.batch_in_epoch,
+                "batch_in_epoch": self.batch_in_epoch, "loader": self.train_loader.state(self.epoch, self.batch_in_epoch),
                 "windows": [(asdict(window), system) for window, system in self.windows]}
 
     def restore(self, state: dict) -> None:
@@ -96,6 +96,7 @@ class Run:
         self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("scaler", {}))
         self.epoch, self.step, self.batch_in_epoch = state["epoch"], state["step"], state.get("batch_in_epoch", 0)
+        self.train_loader.load_state(state.get("loader", {}))
         self.windows = [(Window(**window), system) for window, system in state.get("windows", [])]
 
 
@@ -104,7 +105,8 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     device = world.device
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
-                           cfg.train.batch_size, cfg.seed, world, memory_format, cfg.faults.worker_error_at)
+                           cfg.train.batch_size, cfg.seed, world, memory_format, cfg.faults.worker_error_at,
+                           cfg.faults.read_delay_ms)
     precision = make_precision(cfg.precision, device)
     model = world.wrap(build(cfg.model, data_classes=len(loaders.classes)).to(device), cfg.distributed.sync_bn)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
@@ -198,7 +200,7 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, loaders: Load
     choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if not group.startswith("hydra")}
     settings = Settings(loaders.num_workers, cfg.loader.prefetch_factor, cfg.loader.pin_memory, cfg.loader.persistent_workers,
                         cfg.train.batch_size, cfg.train.log_every, cfg.precision, cfg.model.channels_last,
-                        cfg.model.compile, cfg.cudnn, choices)
+                        cfg.model.compile, cfg.cudnn, cfg.data.crop_size, choices)
     diagnosis = diagnose(total, system, run.device, settings)
     return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "host_ms": total.host_ms,
             "compute_ms": total.compute_ms, "data_frac": total.data_frac, "host_frac": total.host_frac,
@@ -263,11 +265,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     return summary
 
 
-OmegaConf.register_new_resolver("run_name", distributed.run_name, replace=True)
-OmegaConf.register_new_resolver("rank_suffix", distributed.rank_suffix, replace=True)
-
-
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
+@hydra.main(version_base="1.3", config_path=str(options.CONF), config_name="train")
 @record  # inside hydra.main, which would otherwise swallow the exception: torchrun's summary gets the traceback
 def main(cfg: DictConfig) -> None:
     try:
@@ -285,4 +283,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Launchers such as submitit pickle the task function; one from "__main__" would be pickled by value with
+    # everything it reaches (torch included, which cannot be), one from the package by its importable name.
+    from {{ cookiecutter.package }}.train import main as importable_main
+
+    importable_main()

@@ -1,4 +1,4 @@
-"""Where the images are read from: `format=folder|hdf5|lmdb|tensor`; `python -m <package>.pack` writes the packed ones.
+"""Where the images are read from: `format=folder|hdf5|lmdb|tensor|litdata`; `python -m <package>.pack` writes the packed ones.
 
 A packed data set is a folder holding one file per split and `pack.json`, written last, that names the
 format, the classes and each file's size, so a truncated or foreign file is refused before training.
@@ -7,6 +7,7 @@ through fork shares its file offset and library state between processes.
 """
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,11 +30,12 @@ class Store:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def read(self, index: int):
+    def read(self, index: int) -> tuple[object, int]:
+        """(payload, label) of one image."""
         if self._pid != os.getpid():  # first read in this process: open here, never inherit a handle
             self.open()
             self._pid = os.getpid()
-        return self.payload(index)
+        return self.payload(index), int(self.labels[index])
 
     def open(self) -> None:
         """Open the file in the calling process."""
@@ -92,6 +94,10 @@ class Stores:
     train: Store
     val: Store
     classes: list[str]
+    # A format that shards, shuffles and keeps its own place in the training split (litdata) brings its loader:
+    # train_loader(images, *, batch_size, seed, collate, worker_init_fn, num_workers, prefetch_factor, pin_memory,
+    # persistent_workers), keywords as DataLoader's.
+    train_loader: Callable | None = None
 
 
 def open_packed(path: str, stage, format: str, reader) -> Stores:

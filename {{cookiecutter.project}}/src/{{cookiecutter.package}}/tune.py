@@ -1,0 +1,331 @@
+"""From the bottleneck to a faster configuration, measured: short trials of the switches a run's advice names.
+
+    python -m {{ cookiecutter.package }}.tune model.name=resnet18 data.crop_size=64 loader.num_workers=0 decoder=pil
+    torchrun --standalone --nproc-per-node=8 -m {{ cookiecutter.package }}.tune +experiment=gpu_fast data=imagenet data.root=...
+
+Every trial is the training command with the given overrides, a candidate change and `tune.steps` steps: the
+same code, clock, data and model (trials.py). The start is trialled `tune.repeats` times; their spread, or
+`tune.min_gain` if larger, is the noise. A change is kept only when its trial beats the best so far by more
+than the noise and a second trial of it confirms, on average, that it does. Candidates come from the verdict:
+the switches its advice names first, then their neighbours (workers, decoders, a packed format, prefetchers,
+staging when data-bound; precision and layout, and on a GPU compile, cuDNN autotuning and the CUDA-stream
+prefetcher, whatever the bound). Each kept change draws the plan again from the new verdict.
+Only switches of speed are tried: never the model, batch size per process, learning rate, crop or augmentation.
+A packed format is tried when its pack exists; otherwise it is built only with tune.allow_pack=true, and
+proposed with the command that builds it. The run folder gets experiment/tuned.yaml, tune.md, tune.csv,
+tune.png and command.txt, the command that trains with the result.
+"""
+import csv
+import hashlib
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import psutil
+import yaml
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from . import options
+from .config import ClearError, ConfigError, build, check
+from .data import TrainCrop
+from .format import META
+from .format.folder import open_tree
+from .pack import Convert, pack
+from .report import BOUND
+from .trials import Ranks, Trial, Trials, as_overrides, follow
+
+log = logging.getLogger(__name__)
+
+# The switches tune may change: each changes how fast, never what is learned.
+SPEED_KEYS = re.compile(r"^(loader\.\w+|decoder(\.\w+)?|format(\.\w+)?|staging(\.\w+)?|prefetcher(\.\w+)?|precision"
+                        r"|model\.channels_last|model\.compile|cudnn)$")
+ADVISED = re.compile(r"\b([a-z_]+(?:\.[a-z_]+)?)=(\w+(?:\.\w+)*)")  # key=value in a line of advice
+COLUMNS = ("trial", "overrides", "images_per_s", "data_frac", "host_frac", "bound", "vs_start", "kept", "note")
+SAMPLE = 16  # images converted to time a pack before building it
+
+
+class PackOffer:
+    """Decoding once, offline: the data set as format=tensor at the side the crops need (TrainCrop), in
+    tune.pack_dir. Tried when that pack exists; built only when allowed and it fits in the budget."""
+
+    def __init__(self, root: Path, crop_size: int, pack_dir: str, on_error: str):
+        self.root, self.side, self.on_error = root, TrainCrop(crop_size).full_detail_side(), on_error
+        digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:8]
+        self.path = Path(pack_dir).expanduser() / f"{root.name}-{digest}-tensor-{self.side}"
+        self.change = {"format": "tensor", "decoder": "none", "format.path": str(self.path)}
+        self.command = (f"python -m {__package__}.pack data.root={root} format=tensor "
+                        f"pack.short_side={self.side} pack.out={self.path}")
+
+    @property
+    def ready(self) -> bool:
+        return (self.path / META).is_file()
+
+    def build(self, seconds: float) -> str | None:
+        """Write the pack if it can be done in `seconds`; why not, or None once it is there."""
+        train, val, _ = open_tree(self.root)
+        convert, began = Convert(True, self.side, 90), time.monotonic()
+        for path in train.paths[:SAMPLE]:
+            convert(path)
+        workers = os.cpu_count() or 1
+        needed = (len(train) + len(val)) * (time.monotonic() - began) / min(SAMPLE, len(train)) / workers
+        if needed > seconds:
+            return f"building its pack would take about {needed:.0f} s, more than the {seconds:.0f} s left: {self.command}"
+        try:
+            pack(self.root, "tensor", self.path, self.side, 90, workers, False, self.on_error)
+        except ClearError as err:
+            return f"its pack could not be built: {err}"
+        return None
+
+
+def pack_offer(cfg: DictConfig, summary: dict, ranks: Ranks) -> PackOffer | None:
+    """The pack to decode once, for a data-bound run that decodes JPEGs from a folder on one node."""
+    if summary["bound"] != "data" or summary["choices"]["format"] != "folder":
+        return None
+    single_node = int(os.environ.get("LOCAL_WORLD_SIZE", ranks.size)) == ranks.size  # a pack on node 0 only
+    source = build(cfg.data)
+    if source.root is None or not single_node:
+        return None
+    return PackOffer(source.root, source.crop_size, cfg.tune.pack_dir, source.on_error)
+
+
+def sweep(key: str, values, current: str | None = None) -> list[dict[str, str]]:
+    return [{key: str(value)} for value in dict.fromkeys(values) if str(value) != str(current)]
+
+
+def moves(summary: dict, cfg: DictConfig, offer: PackOffer | None) -> list[list[dict[str, str]]]:
+    """Groups of candidate changes, best bets first: within a group the fastest is kept if it beats the noise."""
+    gpu, cores, choices = summary["env"]["device"].startswith("cuda"), os.cpu_count() or 1, summary["choices"]
+    named: dict[str, list[str]] = {}
+    for line in summary["advice"]:
+        for key, value in ADVISED.findall(line):
+            # A packed format needs its pack first (the offer below); compiling on a CPU costs minutes.
+            if SPEED_KEYS.match(key) and not key.startswith("format") and (key, value) != ("decoder", "none") \
+                    and (gpu or key != "model.compile"):
+                named.setdefault(key, []).append(value)
+    data: list[list[dict[str, str]]] = []
+    if summary["bound"] == "data":
+        if offer is not None and (offer.ready or cfg.tune.allow_pack):
+            data.append([offer.change])
+        data.append(sweep("loader.num_workers", [1, 2, cores, 2 * cores], cfg.loader.num_workers))
+        if choices["format"] != "tensor":
+            data.append(sweep("decoder", [name for name in options.options("decoder") if name != "none"
+                                          and (gpu or not options.facts("decoder", name).gpu)
+                                          and not options.facts("decoder", name).missing()], choices["decoder"]))
+        data += [[{"loader.persistent_workers": "true"}], [{"loader.prefetch_factor": "4"}],
+                 sweep("prefetcher", ["thread", *(["cuda_stream"] if gpu else [])], choices["prefetcher"])]
+        if choices["format"] == "folder" and choices["staging"] == "none" and fits_in_ram(cfg):
+            data.append([{"staging": "tmpfs"}])
+    compute = [[{"precision": "bf16"}], [{"model.channels_last": "true"}]]
+    if gpu:  # on a CPU, compiling takes much of a short budget and seldom pays back within a trial
+        compute += [[{"model.compile": "true"}], [{"cudnn": "benchmark"}], [{"prefetcher": "cuda_stream"}]]
+    # Fixing a partial data bottleneck gains at most 1 / (1 - data_frac): below report.BOUND, a cheaper step
+    # may gain more, and makes the data wait matter more once taken.
+    partial = summary["data_frac"] < BOUND
+    groups = [sweep(key, values) for key, values in named.items()] + (compute + data if partial else data + compute)
+    return [group for group in groups if group]
+
+
+def fits_in_ram(cfg: DictConfig) -> bool:
+    try:
+        root = build(cfg.data).root
+    except ClearError:
+        return False
+    size = sum(path.stat().st_size for path in root.rglob("*") if path.is_file()) if root else 0
+    return 0 < size < psutil.virtual_memory().available / 4
+
+
+@dataclass
+class Best:
+    trial: Trial  # the last trial of it, whose verdict plans the next moves
+    rate: float  # images/s, the mean of its trials
+    kept: dict[str, str]  # the changes on top of the given overrides
+
+
+def changes_something(change: dict[str, str], best: Best, cfg: DictConfig) -> bool:
+    """Whether `change` sets anything to other than it is in the best configuration so far."""
+    def now(key: str) -> str:
+        if key in best.kept:
+            return best.kept[key]
+        choices = best.trial.summary["choices"]
+        return choices[key] if key in choices else str(OmegaConf.select(cfg, key)).lower()
+
+    return any(now(key) != value for key, value in change.items())
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
+    """Trial the start, then candidates as `moves` plans them, keeping those that beat the noise twice."""
+    settings = cfg.tune
+    start = [trials.run({}, {}) for _ in range(settings.repeats)]
+    for trial in start:
+        log_trial(trial)
+    measured = [trial for trial in start if trial.summary]
+    if not measured:
+        raise ClearError(f"the starting configuration does not train: {start[0].note}")
+    rates = [trial.rate for trial in measured]
+    noise = max((max(rates) - min(rates)) / mean(rates), settings.min_gain)
+    best = start_best = Best(measured[-1], mean(rates), {})
+    offer = offer_for(best.trial.summary)
+    if offer is not None and not offer.ready and not settings.allow_pack:
+        log_trial(trials.record(Trial(len(trials.done), offer.change, note="proposed, not built (or pass "
+                                                                            f"tune.allow_pack=true): {offer.command}")))
+    plan, tried = moves(best.trial.summary, cfg, offer), {tuple(sorted(best.kept.items()))}
+    while plan and trials.time_left():
+        results = []
+        for change in plan.pop(0):
+            key = tuple(sorted({**best.kept, **change}.items()))  # a configuration, measured once
+            if key in tried or not changes_something(change, best, cfg) or not trials.time_left():
+                continue
+            tried.add(key)
+            unbuilt = offer is not None and change == offer.change and not offer.ready
+            note = offer.build(trials.seconds_left() - trials.longest) if unbuilt else None
+            trial = trials.record(Trial(len(trials.done), change, note=note)) if note else \
+                trials.run({**best.kept, **change}, change)
+            results.append(log_trial(trial))
+        winner = max((trial for trial in results if trial.summary), key=lambda trial: trial.rate, default=None)
+        if winner is None or winner.rate <= best.rate * (1 + noise) or not trials.time_left():
+            continue
+        again = log_trial(trials.run({**best.kept, **winner.change}, winner.change))
+        confirmed = mean([winner.rate, again.rate]) if again.summary else 0.0
+        if confirmed > best.rate * (1 + noise):  # then what lost before may win on top of it: plan again
+            winner.kept = again.kept = True
+            best = Best(again, confirmed, {**best.kept, **winner.change})
+            plan = moves(best.trial.summary, cfg, offer)
+    return {"trials": trials.done, "noise": noise, "start": start_best, "best": best, "offer": offer}
+
+
+def log_trial(trial: Trial) -> Trial:
+    log.info("trial %d %s: %s", trial.number, " ".join(as_overrides(trial.change)) or "(start)",
+             f"{trial.rate:.1f} images/s, {trial.summary['bound']}-bound" if trial.summary else trial.note)
+    return trial
+
+
+def tuned_overlay(kept: dict[str, str], base: str | None, start_rate: float, best_rate: float, device: str) -> str:
+    """An experiment file: the recipe tuned from (`base`, if any) first, then group choices as
+    `override /group: option`, then the other keys."""
+    groups = {key: value for key, value in kept.items() if (options.CONF / key).is_dir()}
+    values = OmegaConf.to_container(OmegaConf.from_dotlist(as_overrides(
+        {key: value for key, value in kept.items() if key not in groups})))
+    defaults = [*([base] if base else []), *({f"override /{key}": value} for key, value in groups.items())]
+    body = {**({"defaults": defaults} if defaults else {}), **values}
+    header = (f"# @package _global_\n# Found by python -m {__package__}.tune on {device}: {start_rate:.1f} -> "
+              f"{best_rate:.1f} images/s. Only speed switches; what is learned is unchanged.\n")
+    return header + (yaml.safe_dump(body, sort_keys=False) if body else "{}\n")
+
+
+def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, str, str]:
+    """tune.csv, tune.md, tune.png and experiment/tuned.yaml; the before/after line, the command and the table."""
+    start, best = result["start"], result["best"]
+    rows = [{"trial": trial.number, "overrides": " ".join(as_overrides(trial.change)) or "(start)",
+             "images_per_s": round(trial.rate, 1), "data_frac": round(trial.summary.get("data_frac", 0.0), 3),
+             "host_frac": round(trial.summary.get("host_frac", 0.0), 3), "bound": trial.summary.get("bound", ""),
+             "vs_start": round(trial.rate / start.rate, 2), "kept": "yes" if trial.kept else "",
+             "note": trial.note} for trial in result["trials"]]
+    with open(run_dir / "tune.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    device = start.trial.summary["env"]["device"]
+    base = next((override.split("=", 1)[1] for override in given if override.startswith("+experiment=")), None)
+    (run_dir / "experiment").mkdir(exist_ok=True)
+    (run_dir / "experiment/tuned.yaml").write_text(tuned_overlay(best.kept, base, start.rate, best.rate, device))
+    chart(result["trials"], run_dir / "tune.png")
+    before, after = start.trial.summary, best.trial.summary
+    before_after = (f"before: {start.rate:.1f} images/s, {before['bound']}-bound (data wait "
+                    f"{100 * before['data_frac']:.0f}%); after: {best.rate:.1f} images/s, {after['bound']}-bound "
+                    f"(data wait {100 * after['data_frac']:.0f}%): x{best.rate / start.rate:.2f}")
+    if not best.kept:
+        before_after = (f"no change beat the noise ({100 * result['noise']:.1f}% between runs of the start, or "
+                        f"tune.min_gain): {start.rate:.1f} images/s, {before['bound']}-bound; keep this configuration")
+    keep = [override for override in given
+            if override.split("=")[0].lstrip("+~") not in best.kept and not override.startswith("+experiment=")]
+    command = " ".join([f"python -m {__package__}.train", f"--config-dir {run_dir}", "+experiment=tuned", *keep])
+    (run_dir / "command.txt").write_text(command + "\n")
+    header = ["trial", "change", "images/s", "data wait", "host", "bound", "× start", "kept", "note"]
+    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+             *(f"| {row['trial']} | {row['overrides']} | {row['images_per_s']} | {100 * row['data_frac']:.0f}% | "
+               f"{100 * row['host_frac']:.0f}% | {row['bound']} | {row['vs_start']:.2f} | {row['kept']} | {row['note']} |"
+               for row in rows)]
+    offer = result["offer"]
+    proposal = [] if offer is None or offer.ready else [
+        f"Decoding once may help further: `{offer.command}`, then tune again (or pass tune.allow_pack=true).", ""]
+    (run_dir / "tune.md").write_text("\n".join([
+        f"# tune on {device}", "", f"Given: `{' '.join(given) or '(defaults)'}`", "",
+        f"Noise between the {sum(1 for trial in result['trials'] if not trial.change)} runs of the start: "
+        f"{100 * result['noise']:.1f}% (at least tune.min_gain); a change is kept only when faster by more, twice.",
+        "", *table, "", before_after, "", *proposal, f"Train with it: `{command}`", "",
+        "Only speed switches were tried: the model, batch size per process, learning rate, crop size and "
+        "augmentation are unchanged.", ""]))
+    return before_after, command, "\n".join(table)
+
+
+def chart(trials: list[Trial], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = [trial for trial in trials if trial.summary]
+    labels = [f"{trial.number}: " + (" ".join(as_overrides(trial.change)) or "start") for trial in measured]
+    figure, axes = plt.subplots(figsize=(9, 0.45 * len(measured) + 1.5))
+    left = [0.0] * len(measured)
+    for part, colour in (("data_ms", "tab:red"), ("host_ms", "tab:orange"), ("compute_ms", "tab:blue")):
+        widths = [trial.summary[part] for trial in measured]
+        axes.barh(labels, widths, left=left, color=colour, label=part.removesuffix("_ms"))
+        left = [a + b for a, b in zip(left, widths)]
+    axes.invert_yaxis()
+    axes.set_xlabel("ms per step")
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def tune(cfg: DictConfig, run_dir: Path, given: list[str], ranks: Ranks) -> None:
+    """Rank 0: search, write, say the result; every rank runs the trials."""
+    settings = cfg.tune
+    if settings.steps < 2 * settings.log_every:
+        raise ConfigError(f"tune.steps={settings.steps} leaves no measured window after the first "
+                          f"(tune.log_every={settings.log_every}): make it at least {2 * settings.log_every}")
+    trials = Trials(given, run_dir, settings.steps, settings.log_every, 60 * settings.budget_min, ranks)
+    try:
+        result = search(cfg, trials, lambda summary: pack_offer(cfg, summary, ranks))
+    finally:
+        trials.finish()
+    before_after, command, table = write_outputs(result, run_dir, given)
+    log.info("\n%s\n\n%s\ntrain with it: %s\nwritten: %s (tune.md, tune.csv, tune.png, experiment/tuned.yaml)\n"
+             "Only speed switches were tried: the model, batch size, learning rate, crop and augmentation are "
+             "unchanged.", table, before_after, command, run_dir)
+
+
+@hydra.main(version_base="1.3", config_path=str(options.CONF), config_name="tune")
+def main(cfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    given = [override for override in HydraConfig.get().overrides.task
+             if not override.startswith(("tune.", "hydra."))]
+    ranks = None
+    try:
+        check(cfg)
+        ranks = Ranks(timeout_s=60 * cfg.tune.budget_min + 300)  # longer than any trial
+        if ranks.rank == 0:
+            tune(cfg, run_dir, given, ranks)
+        else:
+            follow(ranks)
+    except ClearError as err:
+        sys.exit(f"error: {err}")
+    finally:
+        if ranks is not None:
+            ranks.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""format=litdata: LitData shards the stream across processes and workers, resumes exactly, reads from S3."""
+import json
+import os
+import subprocess
+import sys
+import zlib
+
+import pytest
+import torch
+from conftest import (CONF, DEVICE, PACKAGE, PROJECT, QUIET, TWO_PROCESSES, finish, on_this_machine, start_cli,
+                      stopped_after_first_checkpoint, summary, tiny)
+from hydra import compose, initialize_config_dir
+
+from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }}.config import ConfigError, build
+from {{ cookiecutter.package }}.distributed import World
+from {{ cookiecutter.package }}.format import litdata
+from {{ cookiecutter.package }}.loaders import make_loaders
+
+pytest.importorskip("litdata", reason="pip install -e '.[litdata]'")
+
+LITDATA = ("format=litdata",)
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2")
+
+
+def test_staging_is_refused_and_points_to_the_cache(cache_dir, tiny_root, packs):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", tiny((*LITDATA, "staging=tmpfs"), cache_dir, tiny_root))
+    with pytest.raises(ConfigError, match="staging=tmpfs has nothing to copy: .* format.cache_dir at a tmpfs"):
+        build(cfg.format, source=None, stage=build(cfg.staging, world=None))
+
+
+def test_a_missing_index_is_refused_at_start(packs, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(packs["litdata"], copy)
+    (copy / "val/index.json").unlink()
+    with pytest.raises(ConfigError, match="val has no index.json: the pack is damaged"):
+        litdata.checked_meta(str(copy), None)
+
+
+def first_val_batch(cfg) -> torch.Tensor:
+    loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
+                           cfg.train.batch_size, cfg.seed, World(0, 0, 1, DEVICE), torch.contiguous_format)
+    return next(iter(loaders.val))[0]
+
+
+@pytest.mark.parametrize("name", [name for name in options.options("decoder") if name != "none"])
+def test_every_decoder_reads_the_stream_as_it_reads_lmdb(name, compose_tiny):
+    """The same bytes, decoder and centre crops: the same pixels, whichever format held them."""
+    here = on_this_machine(f"decoder={name}")
+    streamed = first_val_batch(compose_tiny(*LITDATA, f"decoder={name}", *here))
+    assert torch.equal(streamed, first_val_batch(compose_tiny("format=lmdb", f"decoder={name}", *here)))
+
+
+SHARD_SCRIPT = """
+import json, os, sys, zlib
+import torch
+from hydra import compose, initialize_config_dir
+from PACKAGE.distributed import setup
+from PACKAGE.failures import end_workers
+from PACKAGE.loaders import make_loaders
+
+world = setup(1.0)
+with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+    cfg = compose("train", sys.argv[3:])
+loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
+                       cfg.train.batch_size, cfg.seed, world, torch.contiguous_format)
+loaders.splits.train.transform = lambda payload: torch.tensor(zlib.crc32(payload))  # which image, not its pixels
+seen = dict()
+for epoch in (0, 1):
+    loaders.train.set_epoch(epoch)
+    seen[epoch] = [int(crc) for batch, _ in loaders.train.loader for crc in batch]
+with open(os.path.join(sys.argv[2], "rank%d.json" % world.rank), "w") as file:
+    json.dump(seen, file)
+end_workers()  # as training does: persistent workers ignore the SIGTERM exit would send them
+"""
+
+
+def test_two_processes_and_their_workers_see_every_image_once_per_epoch(tmp_path, cache_dir, tiny_root, packs):
+    script = tmp_path / "shards.py"
+    script.write_text(SHARD_SCRIPT.replace("PACKAGE", PACKAGE))
+    overrides = tiny((*LITDATA, "loader.num_workers=2", "train.batch_size=3"), cache_dir, tiny_root)
+    result = subprocess.run([*TORCHRUN, str(script), str(CONF), str(tmp_path), *overrides], cwd=PROJECT,
+                            capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET, **TWO_PROCESSES})
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    every_image = sorted(zlib.crc32(path.read_bytes()) for path in sorted((tiny_root / "train").rglob("*.JPEG")))
+    for epoch in ("0", "1"):
+        assert len(ranks[0][epoch]) == len(ranks[1][epoch]) == 12  # 24 images, 2 processes, 2 workers, batch 3
+        assert sorted(ranks[0][epoch] + ranks[1][epoch]) == every_image
+    assert ranks[0]["0"] != ranks[0]["1"], "reshuffled each epoch"
+
+
+def test_two_processes_train_and_validate_as_one_process_would(tmp_path, cache_dir, tiny_root, packs):
+    run_dir = tmp_path / "two"
+    process = start_cli(run_dir, (*LITDATA, "train.epochs=2"), cache_dir, tiny_root, launcher=TORCHRUN,
+                        env=TWO_PROCESSES)
+    stderr = finish(process, timeout=400)
+    assert process.returncode == 0, stderr[-3000:]
+    two = summary(run_dir)
+    assert two["processes"] == 2 and two["steps"] == 2 * 3  # 24 images, batch 4 per process
+    one_dir = tmp_path / "one"  # the same weights, evaluated by a single process: nothing is left to train
+    process = start_cli(one_dir, (*LITDATA, "train.epochs=2", f"resume={run_dir / 'last.pt'}"), cache_dir,
+                        tiny_root, env=QUIET)
+    stderr = finish(process, timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    one = summary(one_dir)
+    assert one["processes"] == 1 and (one["val_top1"], one["val_top5"]) == (two["val_top1"], two["val_top5"])
+
+
+EXACT = (*LITDATA, "train.epochs=8", "train.batch_size=2", "cudnn=deterministic", "loader.num_workers=2",
+         "train.log_every=1")  # 12 steps an epoch, 96 in all
+
+
+def position(run_dir) -> tuple[int, int]:
+    """(batches of the epoch trained, the samples LitData's saved state says it yielded) in last.pt."""
+    state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
+    return state["batch_in_epoch"], state["loader"]["num_samples_yielded"]
+
+
+def test_resume_mid_epoch_reads_on_as_the_uninterrupted_run(tmp_path, cache_dir, tiny_root, packs, train_cli):
+    """SIGTERM, then a loader worker that fails: each resume reads LitData's stream on from the next batch, so
+    the weights end bit for bit as an uninterrupted run's."""
+    train_cli(tmp_path / "straight", *EXACT)
+    run_dir = tmp_path / "interrupted"
+    stopped_after_first_checkpoint(run_dir, EXACT, cache_dir, tiny_root)
+    stops = [position(run_dir)]
+
+    failed = train_cli(run_dir, *EXACT, "resume=auto", "faults.worker_error_at=39", check=False)
+    assert failed.returncode == 1 and "faults.worker_error_at=39" in failed.stderr.strip().splitlines()[-1]
+    stops.append(position(run_dir))
+    assert all(samples == 2 * batches for batches, samples in stops), stops  # the trained place, not the read-ahead
+    assert any(0 < batches < 12 for batches, _ in stops), f"neither stop came mid-epoch: {stops}"
+
+    train_cli(run_dir, *EXACT, "resume=auto")
+    expected = torch.load(tmp_path / "straight/last.pt", map_location="cpu", weights_only=False)["model"]
+    resumed = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)["model"]
+    assert summary(run_dir)["steps"] == summary(tmp_path / "straight")["steps"] == 96
+    assert all(torch.equal(expected[name], resumed[name]) for name in expected)
+
+
+@pytest.fixture
+def s3_server(monkeypatch):
+    """A real S3 endpoint on 127.0.0.1 (moto's server), with a bucket; AWS_* set for the processes started."""
+    server_module = pytest.importorskip("moto.server", reason="pip install 'moto[server]'")
+    import boto3
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=url).create_bucket(Bucket="images")
+    yield url
+    server.stop()
+
+
+def test_pack_to_s3_then_train_from_it(s3_server, tmp_path, cache_dir, tiny_root, packs):
+    import boto3
+
+    endpoint = f"format.endpoint_url={s3_server}"
+    packed = subprocess.run([sys.executable, "-m", f"{PACKAGE}.pack", f"data.root={tiny_root}", "format=litdata",
+                             "pack.out=s3://images/tiny", "pack.chunk_mb=0.05", endpoint,
+                             f"hydra.run.dir={tmp_path / 'pack'}"],
+                            cwd=PROJECT, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    keys = [item["Key"] for item in boto3.client("s3", endpoint_url=s3_server).list_objects_v2(
+        Bucket="images")["Contents"]]
+    assert {"tiny/pack.json", "tiny/train/index.json", "tiny/val/index.json"} <= set(keys)
+    assert sum(key.endswith(".bin") for key in keys) > 2
+
+    run_dir = tmp_path / "run"
+    on_s3 = (*LITDATA, "format.path=s3://images/tiny", endpoint)  # after tiny()'s local format.path, so it wins
+    process = start_cli(run_dir, (*on_s3, "train.max_steps=2", f"format.cache_dir={tmp_path / 'node-cache'}"),
+                        cache_dir, tiny_root, launcher=TORCHRUN, env={**QUIET, **TWO_PROCESSES})
+    stderr = finish(process, timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert "is plain HTTP: allowed for LitData's S3 client" in log
+    assert summary(run_dir)["steps"] == 2 and summary(run_dir)["processes"] == 2
+    assert any((tmp_path / "node-cache").rglob("*.bin")), "chunks were cached"
+    assert "testing" not in log and "testing" not in (run_dir / ".hydra/config.yaml").read_text(), "no secret kept"
+
+    boto3.client("s3", endpoint_url=s3_server).delete_object(Bucket="images", Key="tiny/pack.json")
+    refused = start_cli(tmp_path / "refused", on_s3, cache_dir, tiny_root, env=QUIET)
+    assert "s3://images/tiny has no pack.json" in finish(refused, timeout=120).strip().splitlines()[-1]
