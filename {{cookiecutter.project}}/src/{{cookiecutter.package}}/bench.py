@@ -27,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from . import options
+from . import failures, options
 from .config import ClearError, ConfigError, build, optional_import
 from .data import Source, make_splits
 from .decoder import CpuDecoder, Decoder
@@ -224,6 +224,8 @@ def main(cfg: DictConfig) -> None:
         rows = bench(cfg, run_dir)
     except ClearError as err:
         sys.exit(f"error: {err}")
+    finally:  # the last loader's persistent workers ignore SIGTERM: at exit, multiprocessing would wait on them
+        failures.end_workers()
     log.info("%s\npage cache: %s\nwritten: %s, %s (%d cores)", table(rows), rows[0]["page_cache"],
              run_dir / "bench.csv", run_dir / "bench.png", os.cpu_count())
 

@@ -23,7 +23,7 @@ PEER_TIMEOUT_MIN = 1.0  # a trial's process gives up on a peer that failed after
 @dataclass
 class Trial:
     number: int
-    change: dict[str, str]  # the overrides tried on top of the configuration kept so far, as key -> value
+    change: dict[str, str]  # the overrides tried on top of the given ones, as key -> value
     summary: dict = field(default_factory=dict)  # the trial's summary.json; empty if it did not finish
     note: str = ""  # why it did not run or finish, or what it is
     kept: bool = False
@@ -119,8 +119,9 @@ class Trials:
         self.done.append(trial)
         return trial
 
-    def run(self, settings: dict[str, str], change: dict[str, str]) -> Trial:
-        trial = Trial(len(self.done), change)
+    def run(self, settings: dict[str, str]) -> Trial:
+        """A trial of the given overrides with `settings` on top."""
+        trial = Trial(len(self.done), settings)
         folder = self.run_dir / "trials" / f"{trial.number:02d}"
         job = {"overrides": [*self.base, *as_overrides(settings), *self.shape, f"hydra.run.dir={folder}"],
                "port": free_port(), "timeout_s": max(60.0, self.seconds_left() + 60.0)}

@@ -4,12 +4,15 @@
     torchrun --standalone --nproc-per-node=8 -m {{ cookiecutter.package }}.tune +experiment=gpu_fast data=imagenet data.root=...
 
 Every trial is the training command with the given overrides, a candidate change and `tune.steps` steps: the
-same code, clock, data and model (trials.py). The start is trialled `tune.repeats` times; their spread, or
-`tune.min_gain` if larger, is the noise. A change is kept only when its trial beats the best so far by more
-than the noise and a second trial of it confirms, on average, that it does. Candidates come from the verdict:
+same code, clock, data and model (trials.py). The start is trialled `tune.repeats` times to measure the noise:
+the standard deviation of repeated trials, pooled over every configuration trialled more than once. A
+configuration replaces the best so far only when the mean of two or more of its trials beats the best's by
+CONFIDENCE standard errors of the difference, and by `tune.min_gain` at least. Budget the plan leaves goes
+to more trials of the best and of every configuration whose mean might still beat it: separate runs of one
+configuration differ more than the windows within one run. Candidates come from the verdict:
 the switches its advice names first, then their neighbours (workers, decoders, a packed format, prefetchers,
 staging when data-bound; precision and layout, and on a GPU compile, cuDNN autotuning and the CUDA-stream
-prefetcher, whatever the bound). Each kept change draws the plan again from the new verdict.
+prefetcher, whatever the bound). Each new best draws the plan again from its verdict.
 Only switches of speed are tried: never the model, batch size per process, learning rate, crop or augmentation.
 A packed format is tried when its pack exists; otherwise it is built only with tune.allow_pack=true, and
 proposed with the command that builds it. The run folder gets experiment/tuned.yaml, tune.md, tune.csv,
@@ -18,11 +21,12 @@ tune.png and command.txt, the command that trains with the result.
 import csv
 import hashlib
 import logging
+import math
 import os
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
@@ -99,7 +103,7 @@ def sweep(key: str, values, current: str | None = None) -> list[dict[str, str]]:
 
 
 def moves(summary: dict, cfg: DictConfig, offer: PackOffer | None) -> list[list[dict[str, str]]]:
-    """Groups of candidate changes, best bets first: within a group the fastest is kept if it beats the noise."""
+    """Groups of candidate changes, best bets first; each group is trialled before the best is reconsidered."""
     gpu, cores, choices = summary["env"]["device"].startswith("cuda"), os.cpu_count() or 1, summary["choices"]
     named: dict[str, list[str]] = {}
     for line in summary["advice"]:
@@ -140,19 +144,37 @@ def fits_in_ram(cfg: DictConfig) -> bool:
     return 0 < size < psutil.virtual_memory().available / 4
 
 
+MAX_SAMPLES = 4  # trials of one configuration at most, when the budget left settles a close call
+CONFIDENCE = 2.0  # standard errors a gain must clear: a 2-3% chance that noise alone clears it
+
+
 @dataclass
-class Best:
-    trial: Trial  # the last trial of it, whose verdict plans the next moves
-    rate: float  # images/s, the mean of its trials
-    kept: dict[str, str]  # the changes on top of the given overrides
+class Config:
+    """A configuration tried: its changes on top of the given overrides, and its trials."""
+    settings: dict[str, str]
+    trials: list[Trial] = field(default_factory=list)
+
+    @property
+    def measured(self) -> list[Trial]:
+        return [trial for trial in self.trials if trial.summary]
+
+    @property
+    def rate(self) -> float:
+        """Images/s, the mean of its trials."""
+        return mean([trial.rate for trial in self.measured]) if self.measured else 0.0
+
+    @property
+    def last(self) -> Trial:
+        """Its last measured trial, whose verdict plans the next moves."""
+        return self.measured[-1]
 
 
-def changes_something(change: dict[str, str], best: Best, cfg: DictConfig) -> bool:
+def changes_something(change: dict[str, str], best: Config, cfg: DictConfig) -> bool:
     """Whether `change` sets anything to other than it is in the best configuration so far."""
     def now(key: str) -> str:
-        if key in best.kept:
-            return best.kept[key]
-        choices = best.trial.summary["choices"]
+        if key in best.settings:
+            return best.settings[key]
+        choices = best.last.summary["choices"]
         return choices[key] if key in choices else str(OmegaConf.select(cfg, key)).lower()
 
     return any(now(key) != value for key, value in change.items())
@@ -162,45 +184,87 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def noise(configs) -> float:
+    """Run-to-run noise as a share of the rate: the standard deviation of repeated trials, pooled over every
+    configuration trialled more than once (the start, tune.repeats times, to begin with); 0 before any repeat."""
+    squares, freedom = 0.0, 0
+    for config in configs:
+        rates = [trial.rate for trial in config.measured]
+        if len(rates) > 1:
+            squares += sum((rate / mean(rates) - 1) ** 2 for rate in rates)
+            freedom += len(rates) - 1
+    return math.sqrt(squares / freedom) if freedom else 0.0
+
+
+def margin(best: Config, rival: Config, sigma: float, min_gain: float) -> float:
+    """The share by which `rival`'s mean must beat `best`'s: CONFIDENCE standard errors of their difference."""
+    return max(min_gain, CONFIDENCE * sigma * math.sqrt(1 / len(best.measured) + 1 / len(rival.measured)))
+
+
+def upper_bound(config: Config, sigma: float) -> float:
+    """The rate its mean might reach with more trials: CONFIDENCE standard errors above it."""
+    return config.rate * (1 + CONFIDENCE * sigma / math.sqrt(len(config.measured)))
+
+
 def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
-    """Trial the start, then candidates as `moves` plans them, keeping those that beat the noise twice."""
+    """Trial the start, then candidates as `moves` plans them. A configuration becomes the best when the mean of
+    two or more of its trials beats the best's by more than the noise allows. The budget the plan leaves goes to
+    more trials of the best and of each configuration whose mean might still beat it, fewest trials first."""
     settings = cfg.tune
-    start = [trials.run({}, {}) for _ in range(settings.repeats)]
-    for trial in start:
-        log_trial(trial)
-    measured = [trial for trial in start if trial.summary]
-    if not measured:
-        raise ClearError(f"the starting configuration does not train: {start[0].note}")
-    rates = [trial.rate for trial in measured]
-    noise = max((max(rates) - min(rates)) / mean(rates), settings.min_gain)
-    best = start_best = Best(measured[-1], mean(rates), {})
-    offer = offer_for(best.trial.summary)
+    start = Config({})
+    configs, path = {(): start}, [start]  # every configuration tried; the bests, in turn
+
+    def run(config: Config) -> None:
+        config.trials.append(log_trial(trials.run(config.settings)))
+
+    for _ in range(settings.repeats):
+        run(start)
+    if not start.measured:
+        raise ClearError(f"the starting configuration does not train: {start.trials[0].note}")
+    best, offer = start, offer_for(start.last.summary)
     if offer is not None and not offer.ready and not settings.allow_pack:
         log_trial(trials.record(Trial(len(trials.done), offer.change, note="proposed, not built (or pass "
                                                                             f"tune.allow_pack=true): {offer.command}")))
-    plan, tried = moves(best.trial.summary, cfg, offer), {tuple(sorted(best.kept.items()))}
-    while plan and trials.time_left():
-        results = []
-        for change in plan.pop(0):
-            key = tuple(sorted({**best.kept, **change}.items()))  # a configuration, measured once
-            if key in tried or not changes_something(change, best, cfg) or not trials.time_left():
+    plan = moves(best.last.summary, cfg, offer)
+    while trials.time_left():
+        sigma = noise(configs.values())
+        rivals = sorted((config for config in configs.values()  # one that failed once is no rival
+                         if config is not best and config.trials and all(trial.summary for trial in config.trials)),
+                        key=lambda config: config.rate, reverse=True)
+        rival = rivals[0] if rivals else None
+        needed = margin(best, rival, sigma, settings.min_gain) if rival is not None else 0.0
+        if rival is not None and rival.rate > best.rate * (1 + needed):
+            if len(rival.measured) < 2:  # one fast trial may be luck
+                run(rival)
                 continue
-            tried.add(key)
-            unbuilt = offer is not None and change == offer.change and not offer.ready
-            note = offer.build(trials.seconds_left() - trials.longest) if unbuilt else None
-            trial = trials.record(Trial(len(trials.done), change, note=note)) if note else \
-                trials.run({**best.kept, **change}, change)
-            results.append(log_trial(trial))
-        winner = max((trial for trial in results if trial.summary), key=lambda trial: trial.rate, default=None)
-        if winner is None or winner.rate <= best.rate * (1 + noise) or not trials.time_left():
-            continue
-        again = log_trial(trials.run({**best.kept, **winner.change}, winner.change))
-        confirmed = mean([winner.rate, again.rate]) if again.summary else 0.0
-        if confirmed > best.rate * (1 + noise):  # then what lost before may win on top of it: plan again
-            winner.kept = again.kept = True
-            best = Best(again, confirmed, {**best.kept, **winner.change})
-            plan = moves(best.trial.summary, cfg, offer)
-    return {"trials": trials.done, "noise": noise, "start": start_best, "best": best, "offer": offer}
+            best = rival
+            path.append(best)
+            plan = moves(best.last.summary, cfg, offer)  # what lost before may win on top of it
+        elif plan:
+            for change in plan.pop(0):
+                overrides = {**best.settings, **change}
+                key = tuple(sorted(overrides.items()))
+                if key in configs or not changes_something(change, best, cfg) or not trials.time_left():
+                    continue
+                configs[key] = config = Config(overrides)
+                unbuilt = offer is not None and change == offer.change and not offer.ready
+                note = offer.build(trials.seconds_left() - trials.longest) if unbuilt else None
+                if note:
+                    config.trials.append(log_trial(trials.record(Trial(len(trials.done), config.settings, note=note))))
+                else:
+                    run(config)
+        else:  # the plan is done: more trials for what could still beat the best, and for the best itself
+            hopeful = [config for config in rivals if upper_bound(config, sigma) > best.rate]
+            unsettled = [config for config in ([best] if hopeful else []) + hopeful if len(config.measured) < MAX_SAMPLES]
+            if not unsettled:
+                break
+            run(min(unsettled, key=lambda config: (len(config.measured), -upper_bound(config, sigma))))
+    for config in path[1:]:
+        for trial in config.measured:
+            trial.kept = True
+    repeated = sum(len(config.measured) > 1 for config in configs.values())
+    return {"trials": trials.done, "noise": noise(configs.values()), "repeated": repeated, "start": start,
+            "best": best, "offer": offer}
 
 
 def log_trial(trial: Trial) -> Trial:
@@ -234,23 +298,25 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
         writer = csv.DictWriter(file, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    device = start.trial.summary["env"]["device"]
+    device = start.last.summary["env"]["device"]
     base = next((override.split("=", 1)[1] for override in given if override.startswith("+experiment=")), None)
     (run_dir / "experiment").mkdir(exist_ok=True)
-    (run_dir / "experiment/tuned.yaml").write_text(tuned_overlay(best.kept, base, start.rate, best.rate, device))
+    (run_dir / "experiment/tuned.yaml").write_text(tuned_overlay(best.settings, base, start.rate, best.rate, device))
     chart(result["trials"], run_dir / "tune.png")
-    before, after = start.trial.summary, best.trial.summary
+    before, after = start.last.summary, best.last.summary
     before_after = (f"before: {start.rate:.1f} images/s, {before['bound']}-bound (data wait "
-                    f"{100 * before['data_frac']:.0f}%); after: {best.rate:.1f} images/s, {after['bound']}-bound "
+                    f"{100 * before['data_frac']:.0f}%); after: {best.rate:.1f} images/s (mean of {len(best.measured)} "
+                    f"trials), {after['bound']}-bound "
                     f"(data wait {100 * after['data_frac']:.0f}%): x{best.rate / start.rate:.2f}")
-    if not best.kept:
-        before_after = (f"no change beat the noise ({100 * result['noise']:.1f}% between runs of the start, or "
-                        f"tune.min_gain): {start.rate:.1f} images/s, {before['bound']}-bound; keep this configuration")
+    if best is start:
+        before_after = (f"no change beat the noise (trials of one configuration differ by {100 * result['noise']:.1f}%, "
+                        f"one standard deviation): {start.rate:.1f} images/s, {before['bound']}-bound; keep this "
+                        "configuration")
     keep = [override for override in given
-            if override.split("=")[0].lstrip("+~") not in best.kept and not override.startswith("+experiment=")]
+            if override.split("=")[0].lstrip("+~") not in best.settings and not override.startswith("+experiment=")]
     command = " ".join([f"python -m {__package__}.train", f"--config-dir {run_dir}", "+experiment=tuned", *keep])
     (run_dir / "command.txt").write_text(command + "\n")
-    header = ["trial", "change", "images/s", "data wait", "host", "bound", "× start", "kept", "note"]
+    header = ["trial", "overrides added", "images/s", "data wait", "host", "bound", "× start", "kept", "note"]
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
              *(f"| {row['trial']} | {row['overrides']} | {row['images_per_s']} | {100 * row['data_frac']:.0f}% | "
                f"{100 * row['host_frac']:.0f}% | {row['bound']} | {row['vs_start']:.2f} | {row['kept']} | {row['note']} |"
@@ -260,8 +326,10 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
         f"Decoding once may help further: `{offer.command}`, then tune again (or pass tune.allow_pack=true).", ""]
     (run_dir / "tune.md").write_text("\n".join([
         f"# tune on {device}", "", f"Given: `{' '.join(given) or '(defaults)'}`", "",
-        f"Noise between the {sum(1 for trial in result['trials'] if not trial.change)} runs of the start: "
-        f"{100 * result['noise']:.1f}% (at least tune.min_gain); a change is kept only when faster by more, twice.",
+        f"Noise: trials of one configuration differ by {100 * result['noise']:.1f}% (one standard deviation, pooled "
+        f"over the {result['repeated']} configurations trialled more than once). A configuration replaces the best "
+        f"so far only when the mean of two or more of its trials is faster by {CONFIDENCE:.0f} standard errors of "
+        "the difference, and by tune.min_gain at least.",
         "", *table, "", before_after, "", *proposal, f"Train with it: `{command}`", "",
         "Only speed switches were tried: the model, batch size per process, learning rate, crop size and "
         "augmentation are unchanged.", ""]))
