@@ -6,7 +6,8 @@ DEMO_DIR := build/demo
 DEMO_PROJECT := $(DEMO_DIR)/fasttrain-project
 
 # The loop on ResNet-18 and 64-pixel crops of the synthetic set: a deliberately starved run and its verdict,
-# tune fixing it, then a short training of the tuned configuration ending with its report.
+# tune fixing it (allowed to decode the data set once into a pack), then a short training of the tuned
+# configuration ending with its report.
 DEMO_START := +experiment=cpu_quick loader.num_workers=0 decoder=pil
 DEMO_RUNS := outputs/demo
 
@@ -29,7 +30,7 @@ demo: $(VENV)/installed
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e $(DEMO_PROJECT)
 	cd $(DEMO_PROJECT) && $(abspath $(PY)) -m fasttrain_project.train $(DEMO_START) train.max_steps=40 \
 		train.log_every=10 train.limit_val_batches=1 hydra.run.dir=$(DEMO_RUNS)/starved
-	cd $(DEMO_PROJECT) && $(abspath $(PY)) -m fasttrain_project.tune $(DEMO_START) tune.budget_min=2 \
+	cd $(DEMO_PROJECT) && $(abspath $(PY)) -m fasttrain_project.tune $(DEMO_START) tune.budget_min=2 tune.allow_pack=true \
 		hydra.run.dir=$(DEMO_RUNS)/tune
 	cd $(DEMO_PROJECT) && PATH=$(abspath $(VENV)/bin):$$PATH eval "$$(cat $(DEMO_RUNS)/tune/command.txt) \
 		hydra.run.dir=$(DEMO_RUNS)/tuned"

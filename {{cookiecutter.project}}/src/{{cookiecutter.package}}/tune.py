@@ -25,6 +25,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -336,6 +337,13 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
     return before_after, command, "\n".join(table)
 
 
+def chart_label(trial: Trial) -> str:
+    """A trial's overrides, a path by its last part, wrapped to fit beside the bars; whether they were kept."""
+    shown = {key: Path(value).name if key.endswith(".path") else value for key, value in trial.change.items()}
+    text = " ".join(as_overrides(shown)) or "start"
+    return f"{trial.number}: " + "\n".join(textwrap.wrap(text + (" (kept)" if trial.kept else ""), 40))
+
+
 def chart(trials: list[Trial], path: Path) -> None:
     import matplotlib
 
@@ -343,8 +351,8 @@ def chart(trials: list[Trial], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     measured = [trial for trial in trials if trial.summary]
-    labels = [f"{trial.number}: " + (" ".join(as_overrides(trial.change)) or "start") for trial in measured]
-    figure, axes = plt.subplots(figsize=(9, 0.45 * len(measured) + 1.5))
+    labels = [chart_label(trial) for trial in measured]
+    figure, axes = plt.subplots(figsize=(10, 0.6 * len(measured) + 1.5))
     left = [0.0] * len(measured)
     for part, colour in (("data_ms", "tab:red"), ("host_ms", "tab:orange"), ("compute_ms", "tab:blue")):
         widths = [trial.summary[part] for trial in measured]
