@@ -3,9 +3,10 @@
     python -m {{ cookiecutter.package }}.bench data.train_per_class=200            # 2000 synthetic JPEGs
     python -m {{ cookiecutter.package }}.bench data=imagenet data.root=/data/imagenet-subset bench.num_workers=[4,8]
 
-Rows measure the DataLoader and the upload alone, no model: 224-pixel random-resized-crop and flip,
-ending at uint8 batches on `bench.device` (the float conversion happens later, on the device). For GPU
-decoders (nvjpeg, dali) the upload is where they decode. Timed over whole epochs after a warm-up epoch.
+Rows measure training's own loader (loaders.training_loader) and the upload alone, no model: 224-pixel
+random-resized-crop and flip, ending at uint8 batches on `bench.device` (the float conversion happens later,
+on the device). For GPU decoders (nvjpeg, dali) the upload is where they decode. Timed over whole epochs
+after a warm-up epoch.
 Every decoder option is timed where this machine can run it; one it cannot (a GPU decoder without a GPU,
 unless its facts say its CPU mode is worth timing; a missing extra) gets a row that says why.
 The references, on the same files and worker count:
@@ -36,7 +37,7 @@ from .decoder.pil import PilDecoder
 from .distributed import World
 from .format import Stores
 from .format.folder import open_tree
-from .loaders import seed_worker
+from .loaders import training_loader
 from .pack import pack
 from .staging import no_staging
 
@@ -91,17 +92,6 @@ def timed_decoders(names: list[str], batch_size: int, device: torch.device) -> t
         except ConfigError as err:
             unable[name] = str(err)
     return runnable, unable
-
-
-def loader_for(dataset, batch_size: int, num_workers: int, collate=None, stores: Stores | None = None) -> DataLoader:
-    """Shuffled batches, as training reads them: through the format's own loader where it has one (litdata)."""
-    if stores is not None and stores.train_loader is not None:
-        return stores.train_loader(dataset, batch_size=batch_size, seed=0, collate=collate, worker_init_fn=seed_worker,
-                                   num_workers=num_workers, prefetch_factor=2 if num_workers else None,
-                                   pin_memory=False, persistent_workers=num_workers > 0)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=num_workers,
-                      persistent_workers=num_workers > 0, collate_fn=collate, worker_init_fn=seed_worker,
-                      prefetch_factor=2 if num_workers else None)
 
 
 def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: int, device: torch.device) -> float:
@@ -185,7 +175,9 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
             stores = stores_for(format, source, Path(settings.pack_dir).expanduser(), settings.short_side)
             for name in (["none"] if stores.train.decoded else runnable):
                 splits = make_splits(source, stores, NoDecoder() if name == "none" else runnable[name])
-                loader = loader_for(splits.train, settings.batch_size, workers, splits.decoder.collate, stores)
+                loader = training_loader(stores, splits.train, settings.batch_size, 0, ALONE, splits.decoder.collate,
+                                         num_workers=workers, prefetch_factor=2, pin_memory=False,
+                                         persistent_workers=True)
                 rate = time_epochs(loader, settings.timed_epochs,
                                    lambda batch: splits.decoder.upload(batch[0], device, True), device)
                 rows.append({"decoder": name, "format": format, "num_workers": workers, "images_per_s": rate,

@@ -192,7 +192,8 @@ def noise(configs) -> float:
     for config in configs:
         rates = [trial.rate for trial in config.measured]
         if len(rates) > 1:
-            squares += sum((rate / mean(rates) - 1) ** 2 for rate in rates)
+            average = mean(rates)
+            squares += sum((rate / average - 1) ** 2 for rate in rates)
             freedom += len(rates) - 1
     return math.sqrt(squares / freedom) if freedom else 0.0
 

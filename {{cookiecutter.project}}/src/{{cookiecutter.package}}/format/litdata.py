@@ -152,7 +152,6 @@ class Chunked(Store):
 
     def __init__(self, records, where: str, images: int):
         self.records, self.where, self.images = records, where, images
-        self._pid = None
 
     def __len__(self) -> int:
         return self.images  # all of the split: LitData's own len is this process's share
