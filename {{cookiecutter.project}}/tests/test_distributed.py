@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }}.config import ConfigError
 from {{ cookiecutter.package }}.distributed import rank_suffix, restart_store, run_name
+from {{ cookiecutter.package }}.failures import explain
 
 
 def test_every_rank_resolves_the_same_run_folder(monkeypatch):
@@ -134,8 +135,20 @@ def test_a_process_that_stops_answering_fails_the_collective_instead_of_hanging(
     # 18 s (long enough for a checkpoint on a busy machine) for the collective, then torchrun's 30 s grace
     stderr = finish(process, timeout=150)
     assert process.returncode == 1, stderr[-3000:]
-    assert re.search(r"error: a collective across the processes failed \(Timed out waiting 18000ms .*; resume=auto "
-                     r"continues from step \d+", stderr), stderr[-3000:]
+    # gloo names the timeout, or, when the op that timed out was DDP's own, the link that timeout closed
+    assert re.search(r"error: a collective across the processes failed \((Timed out waiting 18000ms|Application "
+                     r"timeout caused pair closure).*; resume=auto continues from step \d+", stderr), stderr[-3000:]
+
+
+@pytest.mark.parametrize("reported", ["[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting "
+                                      "18000ms for recv operation to complete", "Application timeout caused pair closure"])
+def test_both_of_gloos_wordings_of_a_timeout_are_a_collective_failure(reported):
+    err = RuntimeError(reported)
+    err.resume_step = 12
+    line = explain(err)
+    assert line.startswith(f"a collective across the processes failed ({reported.split('] ')[-1]}): another process")
+    assert line.endswith("; resume=auto continues from step 12")
+    assert explain(RuntimeError("Application error of our own")) is None  # a bug keeps its traceback
 
 
 def test_launch_script_on_two_nodes_resumes_after_a_worker_dies(tmp_path, cache_dir, tiny_root):

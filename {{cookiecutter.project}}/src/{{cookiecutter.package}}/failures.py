@@ -21,6 +21,7 @@ WORKER_DIED = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\) (?:is 
 CAUGHT_IN_WORKER = re.compile(r"^Caught \w+ in DataLoader worker process (\d+)\.")
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 GLOO_ERROR = re.compile(r"^\[[^\]]*/gloo/[^\]]*\] ")  # gloo reports a lost peer or a timeout as a RuntimeError
+GLOO_CLOSED = "Application timeout caused pair closure"  # unprefixed: an op on a link a timeout already closed
 
 
 def causes(err: BaseException):
@@ -41,7 +42,7 @@ def collective_failure(err: BaseException) -> str | None:
     """What a collective across the processes reported, if that is what failed."""
     if isinstance(err, torch.distributed.DistError):
         return str(err)
-    if isinstance(err, RuntimeError) and GLOO_ERROR.match(str(err)):
+    if isinstance(err, RuntimeError) and (GLOO_ERROR.match(str(err)) or str(err).startswith(GLOO_CLOSED)):
         return GLOO_ERROR.sub("", str(err))
     return None
 
