@@ -78,6 +78,13 @@ def test_resized_encoded_pack_stays_within_jpeg_tolerance(format, tiny_root, tmp
 
 
 @pytest.mark.parametrize("format", PACKED)
+def test_a_missing_pack_is_refused_with_the_command_that_writes_it(format, tmp_path):
+    with pytest.raises(ConfigError, match=rf"^format.path={tmp_path / 'nowhere'} .*does not exist; write it with "
+                                          rf"python -m {PACKAGE}\.pack"):
+        open_pack(format, tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("format", PACKED)
 def test_truncated_pack_is_refused_before_training(format, packs, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(packs[format], copy)

@@ -66,7 +66,8 @@ def read_meta(folder: Path, format: str) -> dict:
     """pack.json of a packed folder, refusing a folder of another format or one whose files do not match it."""
     meta_path = folder / META
     if not folder.is_dir():
-        raise ConfigError(f"format.path={folder} does not exist; write it with python -m <package>.pack")
+        raise ConfigError(f"format.path={folder} does not exist; "
+                          "write it with python -m {{ cookiecutter.package }}.pack")
     try:
         meta = json.loads(meta_path.read_text())
     except FileNotFoundError:

@@ -77,8 +77,8 @@ def checked_meta(path: str, endpoint_url: str | None) -> dict:
     except Exception as err:  # noqa: BLE001 - boto3 and the file system each fail their own way
         raise ConfigError(f"format.path={path} cannot be listed: {str(err).splitlines()[0]}") from None
     if not files:
-        raise ConfigError(f"format.path={path} is empty or does not exist; write it with python -m <package>.pack "
-                          "format=litdata")
+        raise ConfigError(f"format.path={path} is empty or does not exist; write it with "
+                          "python -m {{ cookiecutter.package }}.pack format=litdata")
     if META not in files:
         raise ConfigError(f"{path} has no {META}: it is not a packed data set, or its pack did not finish")
     meta = json.loads(read_text(path, META, endpoint_url))
