@@ -132,6 +132,19 @@ def test_training_shards_are_disjoint_reshuffled_per_epoch_and_name_their_epoch(
     assert epoch(0, 0) != epoch(0, 1)
 
 
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2), (1, 4)])
+def test_a_resumed_epoch_trains_each_image_left_once_whatever_the_number_of_processes(before, after):
+    def shard(rank, world, skip_images):
+        shuffled = NoPrefetcher(loader(Keys(), 2, True, World(rank, rank, world, CPU)), to_device=lambda batch: batch)
+        shuffled.set_epoch(3, skip_images)
+        return [key.tolist()[0] for batch in shuffled.loader for key in batch]
+
+    stopped = [shard(rank, before, 0)[:4] for rank in range(before)]  # two batches of 2 each, then a stop
+    resumed = [shard(rank, after, 4 * before) for rank in range(after)]
+    assert sorted(sum(stopped + resumed, [])) == list(range(12))
+    assert len({len(part) for part in resumed}) == 1  # the same number of steps for every process
+
+
 def test_augmentation_depends_on_the_image_and_epoch_not_on_the_worker_or_the_order(tiny_root):
     splits = folder_splits(tiny_root, size=16, resize=18)
     first = [splits.train[(index, 3)][0] for index in range(4)]

@@ -1,13 +1,15 @@
 """Launching: one run folder for all ranks, a log per rank, scripts/launch.sh, and the Slurm launcher's config."""
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import zlib
 
 import pytest
-from conftest import (CONF, CPU_ONLY, LONGER, PROJECT, TWO_PROCESSES, cli_command, finish, start_cli, summary, tiny,
-                      wait_for)
+from conftest import (CONF, CPU_ONLY, LONGER, PACKAGE, PROJECT, QUIET, TWO_PROCESSES, cli_command, finish,
+                      start_cli, summary, tiny, wait_for)
 from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }}.config import ConfigError
@@ -74,6 +76,65 @@ def test_launch_script_runs_torchrun_into_one_folder(tmp_path, cache_dir, tiny_r
     assert run_dir.name.startswith("torchrun-")
     assert {"summary.json", "last.pt", "train.log", "train-rank1.log"} <= {p.name for p in run_dir.iterdir()}
     assert len(list((run_dir / "tb").glob("events.*"))) == 1
+
+
+RESHARD_SCRIPT = """
+import json, os, sys, zlib
+import torch
+from hydra import compose, initialize_config_dir
+from PACKAGE.distributed import setup
+from PACKAGE.failures import end_workers
+from PACKAGE.loaders import make_loaders
+
+world = setup(1.0)
+conf, out, stop_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with initialize_config_dir(config_dir=conf, version_base="1.3"):
+    cfg = compose("train", sys.argv[4:])
+loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
+                       cfg.train.batch_size, cfg.seed, world, torch.contiguous_format)
+loaders.splits.train.transform = lambda payload: torch.tensor(zlib.crc32(payload))  # which image, not its pixels
+saved = os.path.join(out, "stopped.pt")
+resumed = os.path.exists(saved)
+skip = 0
+if resumed:  # as train.py resumes: the loader's state, then the epoch with the images all processes trained on
+    state = torch.load(saved, weights_only=False)
+    loaders.train.load_state(state["loader"])
+    skip = state["images"]
+loaders.train.set_epoch(2, skip)
+seen = []
+for batch, _ in loaders.train.loader:
+    seen += [int(crc) for crc in batch]
+    if len(seen) == stop_after:
+        break
+if not resumed and world.is_main:
+    images = len(seen) * world.size
+    torch.save({"images": images, "loader": loaders.train.state(2, images)}, saved)
+with open(os.path.join(out, "%s-rank%d.json" % ("resumed" if resumed else "stopped", world.rank)), "w") as file:
+    json.dump(seen, file)
+end_workers()
+"""
+
+
+@pytest.mark.parametrize("format", ["format=folder", "format=litdata"])  # our sampler; a loader of the format's own
+def test_a_resume_with_another_number_of_processes_trains_each_image_left_once(format, tmp_path, cache_dir,
+                                                                                 tiny_root, packs):
+    """2 processes with 2 workers each stop after 2 batches of 3; 1 process with 1 worker reads the rest."""
+    if format == "format=litdata":
+        pytest.importorskip("litdata", reason="pip install -e '.[litdata]'")
+    script = tmp_path / "reshard.py"
+    script.write_text(RESHARD_SCRIPT.replace("PACKAGE", PACKAGE))
+    overrides = tiny(("data=imagenet", format, "train.batch_size=3"), cache_dir, tiny_root)
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2")
+    for launcher, stop_after, workers in ((torchrun, 6, 2), ((sys.executable,), 0, 1)):
+        result = subprocess.run([*launcher, str(script), str(CONF), str(tmp_path), str(stop_after), *overrides,
+                                 f"loader.num_workers={workers}"], cwd=PROJECT, capture_output=True, text=True,
+                                timeout=300, env={**os.environ, **QUIET, **TWO_PROCESSES})
+        assert result.returncode == 0, result.stderr[-3000:]
+    stopped = [json.loads((tmp_path / f"stopped-rank{rank}.json").read_text()) for rank in (0, 1)]
+    resumed = json.loads((tmp_path / "resumed-rank0.json").read_text())
+    assert [len(part) for part in (*stopped, resumed)] == [6, 6, 12]
+    every_image = sorted(zlib.crc32(path.read_bytes()) for path in (tiny_root / "train").rglob("*.JPEG"))
+    assert sorted(stopped[0] + stopped[1] + resumed) == every_image
 
 
 STEPS_WITH_TWO_PROCESSES = 3 * 15  # LONGER: 120 images over 2 processes, batch 4, 3 epochs

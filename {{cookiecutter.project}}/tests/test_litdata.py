@@ -115,9 +115,9 @@ EXACT = (*LITDATA, "train.epochs=8", "train.batch_size=2", "cudnn=deterministic"
 
 
 def position(run_dir) -> tuple[int, int]:
-    """(batches of the epoch trained, the samples LitData's saved state says it yielded) in last.pt."""
+    """(images of the epoch trained, the samples LitData's saved state says it yielded) in last.pt."""
     state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
-    return state["batch_in_epoch"], state["loader"]["num_samples_yielded"]
+    return state["images_in_epoch"], state["loader"]["num_samples_yielded"]
 
 
 def test_resume_mid_epoch_reads_on_as_the_uninterrupted_run(tmp_path, cache_dir, tiny_root, packs, train_cli):
@@ -131,14 +131,26 @@ def test_resume_mid_epoch_reads_on_as_the_uninterrupted_run(tmp_path, cache_dir,
     failed = train_cli(run_dir, *EXACT, "resume=auto", "faults.worker_error_at=39", check=False)
     assert failed.returncode == 1 and "faults.worker_error_at=39" in failed.stderr.strip().splitlines()[-1]
     stops.append(position(run_dir))
-    assert all(samples == 2 * batches for batches, samples in stops), stops  # the trained place, not the read-ahead
-    assert any(0 < batches < 12 for batches, _ in stops), f"neither stop came mid-epoch: {stops}"
+    assert all(samples == images for images, samples in stops), stops  # the trained place, not the read-ahead
+    assert any(0 < images < 24 for images, _ in stops), f"neither stop came mid-epoch: {stops}"
 
     train_cli(run_dir, *EXACT, "resume=auto")
     expected = torch.load(tmp_path / "straight/last.pt", map_location="cpu", weights_only=False)["model"]
     resumed = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)["model"]
     assert summary(run_dir)["steps"] == summary(tmp_path / "straight")["steps"] == 96
     assert all(torch.equal(expected[name], resumed[name]) for name in expected)
+
+
+def test_a_run_cut_short_on_two_processes_finishes_its_plan_on_one(tmp_path, cache_dir, tiny_root, packs, train_cli):
+    """LitData restripes the rest of the cut epoch over the one process, and the loop goes on to the next
+    epoch when the stream runs out, not when its own count of the epoch's batches says so."""
+    run_dir = tmp_path / "run"
+    plan = (*LITDATA, "train.epochs=8", "train.batch_size=2", "loader.num_workers=2")  # 24 images an epoch
+    train_cli(run_dir, *plan, "train.max_steps=9", launcher=TORCHRUN, env=TWO_PROCESSES)  # 6 steps an epoch
+    state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
+    assert (state["epoch"], state["step"], state["images_in_epoch"]) == (1, 9, 12)
+    train_cli(run_dir, *plan, "resume=auto", "loader.num_workers=1")
+    assert summary(run_dir)["steps"] == 9 + 12 // 2 + 6 * 24 // 2  # the rest of epoch 1, then 6 more of 12 steps
 
 
 @pytest.fixture

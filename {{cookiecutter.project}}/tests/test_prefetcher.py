@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from {{ cookiecutter.package }}.config import ConfigError
 from {{ cookiecutter.package }}.data import ToDevice
 from {{ cookiecutter.package }}.decoder.pil import PilDecoder
+from {{ cookiecutter.package }}.distributed import World
+from {{ cookiecutter.package }}.loaders import make_loader
 from {{ cookiecutter.package }}.prefetcher import cuda_stream, none, resident, thread
 
 CPU = torch.device("cpu")
@@ -50,17 +52,19 @@ def test_resident_replays_the_first_batch_without_loading_again():
         def __len__(self):
             return 10
 
-        def __getitem__(self, index):
+        def __getitem__(self, item):
+            index, _ = item  # the training sampler hands out (index, epoch)
             loaded.append(index)
             return torch.full((2, 2, 3), index, dtype=torch.uint8), index
 
-    batches = resident(DataLoader(Counted(), batch_size=3), ToDevice(PilDecoder(), CPU, False))
+    batches = resident(make_loader(Counted(), 3, True, 0, World(0, 0, 1, CPU), 0, 2, False, False),
+                       ToDevice(PilDecoder(), CPU, False))
     steps = list(batches)
-    assert len(steps) == len(batches) == 4 and steps[0][1].tolist() == [0, 1, 2]
+    assert len(steps) == len(batches) == 3 and steps[0][1].tolist() == loaded
     assert all(images is steps[0][0] for images, _ in steps)
-    batches.set_epoch(1, skip_batches=3)
-    assert len(list(batches)) == 1  # a resumed epoch replays only the batches it has left
-    assert loaded == [0, 1, 2]  # one batch was ever loaded
+    batches.set_epoch(1, skip_images=6)
+    assert len(list(batches)) == len(batches) == 1  # a resumed epoch replays only the batches it has left
+    assert len(loaded) == 3  # one batch was ever loaded
 
 
 def test_thread_prefetcher_runs_ahead_in_the_background():

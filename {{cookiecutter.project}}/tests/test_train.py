@@ -22,7 +22,8 @@ def test_resume_continues_counting_from_the_checkpoint(tmp_path, train_cli):
 
     result = train_cli(run_dir, "resume=auto", "train.epochs=2")
     log = (run_dir / "train.log").read_text()
-    assert re.search(r"resumed from .*last\.pt at epoch 0, step 4 \(batch 4 of the epoch\)", log), result.stderr[-2000:]
+    assert re.search(r"resumed from .*last\.pt at epoch 0, step 4 \(16 images of the epoch trained\)", log), \
+        result.stderr[-2000:]
     # The cut epoch carries on from its fifth batch, then the second epoch: as if never stopped.
     assert summary(run_dir)["steps"] == 2 * STEPS_PER_EPOCH
     assert (run_dir / "last.pt").read_bytes() != first_weights
@@ -212,14 +213,14 @@ def test_sigterm_mid_epoch_saves_the_position_and_resume_finishes_the_run(tmp_pa
     process.send_signal(signal.SIGTERM)
     stderr = finish(process, timeout=300)
     assert process.returncode == 0, stderr[-3000:]
-    stopped = re.search(r"stopped by SIGTERM at step (\d+) \(epoch (\d+), batch (\d+)\)", log_file.read_text())
+    stopped = re.search(r"stopped by SIGTERM at step (\d+) \(epoch (\d+), (\d+) images into it\)", log_file.read_text())
     assert stopped, stderr[-3000:]
     step = int(stopped[1])
     assert 0 < step < 90 and not (run_dir / "summary.json").exists()
 
     train_cli(run_dir, *LONGER, "resume=auto")
     log = (run_dir / "train.log").read_text()
-    assert f"at epoch {stopped[2]}, step {step} (batch {stopped[3]} of the epoch)" in log
+    assert f"at epoch {stopped[2]}, step {step} ({stopped[3]} images of the epoch trained)" in log
     assert summary(run_dir)["steps"] == 90  # the step count carried on to the planned end
     import torch
 

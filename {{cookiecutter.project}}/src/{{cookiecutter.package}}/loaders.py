@@ -50,15 +50,16 @@ class SampledLoader(DataLoader):
     """A DataLoader over our samplers. Where an epoch stands is all a resumed run needs, since augmentation is
     seeded per image: its state is empty. A format with a loader of its own (litdata) keeps the same three."""
 
-    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        """Shuffle for `epoch`, starting after its first `skip_batches` batches."""
-        self.sampler.set_epoch(epoch, skip_batches * self.batch_size)
+    def set_epoch(self, epoch: int, skip_images: int = 0) -> None:
+        """Shuffle for `epoch`, leaving out the first `skip_images` images all processes trained on; the
+        loader's len is then the batches left."""
+        self.sampler.set_epoch(epoch, skip_images)
 
-    def state(self, epoch: int, batches_done: int) -> dict:
+    def state(self, epoch: int, images_done: int) -> dict:
         return {}
 
     def load_state(self, state: dict) -> None:
-        """Nothing to restore beyond the epoch and batch that set_epoch is given."""
+        """Nothing to restore beyond the epoch and the images trained that set_epoch is given."""
 
 
 def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: int, world: World,
@@ -70,7 +71,7 @@ def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: i
     group); its order depends only on seed and epoch, so a resumed run sees the order the uninterrupted
     one would have, from the batch where it stopped.
     """
-    sampler = (EpochSampler(dataset, world.size, world.rank, shuffle=True, seed=seed, drop_last=True)
+    sampler = (EpochSampler(dataset, world.size, world.rank, seed=seed)
                if train else Shard(dataset, world))
     return SampledLoader(
         dataset, batch_size=batch_size, sampler=sampler, drop_last=train, num_workers=num_workers,

@@ -28,14 +28,15 @@ class NoPrefetcher:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        """Shuffle the training order for this epoch, starting after its first `skip_batches` batches."""
-        self.loader.set_epoch(epoch, skip_batches)
+    def set_epoch(self, epoch: int, skip_images: int = 0) -> None:
+        """Shuffle the training order for this epoch, leaving out the first `skip_images` images that all
+        processes together trained on; len is then the batches left."""
+        self.loader.set_epoch(epoch, skip_images)
 
-    def state(self, epoch: int, batches_done: int) -> dict:
-        """What the loader needs, beyond epoch and batch, to resume after `batches_done` batches of `epoch`;
+    def state(self, epoch: int, images_done: int) -> dict:
+        """What the loader needs, beyond the epoch and the images all processes trained on, to resume there;
         asked of it rather than read from it, since a prefetcher runs ahead of the training step."""
-        return self.loader.state(epoch, batches_done)
+        return self.loader.state(epoch, images_done)
 
     def load_state(self, state: dict) -> None:
         self.loader.load_state(state)
@@ -125,15 +126,12 @@ class ResidentBatch(NoPrefetcher):
 
     def __init__(self, loader: DataLoader, to_device: ToDevice):
         super().__init__(loader, to_device)
-        self.batch, self.skip_batches = None, 0
-
-    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        self.skip_batches = skip_batches
+        self.batch = None
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.batch is None:
             self.batch = self.to_device(next(iter(self.loader)))
-        for _ in range(len(self) - self.skip_batches):
+        for _ in range(len(self)):
             yield self.batch
 
 

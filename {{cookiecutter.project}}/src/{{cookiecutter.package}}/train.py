@@ -60,7 +60,7 @@ class Run:
     limit_val_batches: int | None
     epoch: int = 0
     step: int = 0
-    batch_in_epoch: int = 0  # batches of the current epoch already trained on
+    images_in_epoch: int = 0  # images of the current epoch all processes together trained on
     windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
     identity: dict = field(default_factory=dict)  # what a checkpoint of this run holds: model and classes
     updating: bool = False  # inside update(): the weights may be ahead of the step count
@@ -73,21 +73,22 @@ class Run:
     def out_of_steps(self) -> bool:
         return self.max_steps is not None and self.step >= self.max_steps
 
-    def update(self, loss: torch.Tensor) -> None:
-        """Backward, then optimizer and scheduler step and the step count: a checkpoint is consistent before
+    def update(self, loss: torch.Tensor, batch_images: int) -> None:
+        """Backward, then optimizer and scheduler step and the counts: a checkpoint is consistent before
         `updating` is set and after it is cleared, never in between."""
         self.precision.backward(loss)
         self.updating = True
         self.precision.apply(loss, self.optimizer, self.step)
         self.scheduler.step()
-        self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
+        self.step, self.images_in_epoch = self.step + 1, self.images_in_epoch + batch_images * self.world.size
         self.updating = False
 
     def state(self) -> dict:
         return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
                 "identity": self.identity, "epoch": self.epoch, "step": self.step,
-                "batch_in_epoch": self.batch_in_epoch, "loader": self.train_loader.state(self.epoch, self.batch_in_epoch),
+                "images_in_epoch": self.images_in_epoch,
+                "loader": self.train_loader.state(self.epoch, self.images_in_epoch),
                 "windows": [(asdict(window), system) for window, system in self.windows]}
 
     def restore(self, state: dict) -> None:
@@ -95,7 +96,7 @@ class Run:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("scaler", {}))
-        self.epoch, self.step, self.batch_in_epoch = state["epoch"], state["step"], state.get("batch_in_epoch", 0)
+        self.epoch, self.step, self.images_in_epoch = state["epoch"], state["step"], state["images_in_epoch"]
         self.train_loader.load_state(state.get("loader", {}))
         self.windows = [(Window(**window), system) for window, system in state.get("windows", [])]
 
@@ -135,8 +136,8 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     if state:
         run.restore(state)
         run.checkpoints.saved_step = run.step
-        log.info("resumed from %s at epoch %d, step %d (batch %d of the epoch)", resume_from, run.epoch, run.step,
-                 run.batch_in_epoch)
+        log.info("resumed from %s at epoch %d, step %d (%d images of the epoch trained)", resume_from, run.epoch,
+                 run.step, run.images_in_epoch)
     log.info("%s on %s (%d process%s): %d classes, %d train / %d val images, %d steps per epoch per process",
              cfg.model.name, device, world.size, "es" if world.size > 1 else "", len(loaders.classes),
              len(loaders.splits.train), len(loaders.splits.val), steps_per_epoch)
@@ -164,26 +165,29 @@ def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
 def train_one_epoch(run: Run, epoch: int) -> bool:
     """Train from where the epoch stands until the loader or train.max_steps runs out; True if it ended."""
     run.model.train()
-    start = run.batch_in_epoch
-    run.train_loader.set_epoch(epoch, skip_batches=start)
+    run.train_loader.set_epoch(epoch, skip_images=run.images_in_epoch)
+    batches_left = len(run.train_loader)
     loss_sum = torch.zeros((), device=run.device)
     run.clock.start()
-    bar = tqdm(run.clock.timed(run.train_loader), total=len(run.train_loader), initial=start, desc=f"epoch {epoch}",
-               mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
+    bar = tqdm(run.clock.timed(run.train_loader), total=batches_left, desc=f"epoch {epoch}", mininterval=2,
+               dynamic_ncols=True, disable=not run.world.is_main)
     for images, labels in bar:
         with run.precision.autocast():
             loss = run.criterion(run.model(images), labels)
         run.optimizer.zero_grad(set_to_none=True)
-        run.update(loss)
+        run.update(loss, len(labels))
         run.profiler.step()
         loss_sum += loss.detach().nan_to_num(0.0, 0.0, 0.0)  # an fp16 step the scaler skipped adds nothing
+        batches_left -= 1
         if run.step % run.log_every == 0:
             end_window(run, bar, loss_sum)
         if run.out_of_steps:
             break
+    else:
+        batches_left = 0  # the loader ran out: after an elastic resume LitData's len still counts the whole epoch
     end_window(run, bar, loss_sum)
     bar.close()
-    return run.batch_in_epoch == len(run.train_loader)
+    return batches_left == 0
 
 
 def validate(run: Run) -> tuple[float, float]:
@@ -217,7 +221,7 @@ def run_epochs(run: Run, epochs: int) -> tuple[float, float]:
     with run.profiler:
         while run.epoch < epochs and not run.out_of_steps:
             if train_one_epoch(run, run.epoch):
-                run.epoch, run.batch_in_epoch = run.epoch + 1, 0
+                run.epoch, run.images_in_epoch = run.epoch + 1, 0
             scores = validate(run)
             run.checkpoints.save(run.state())
     return scores or validate(run)  # a resumed run that had nothing left still reports its accuracy
@@ -249,8 +253,8 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
         top1, top5 = run_epochs(run, cfg.train.epochs)
     except Preempted as stop:
         run.checkpoints.save(run.state())
-        log.info("stopped by %s at step %d (epoch %d, batch %d); checkpoint saved: continue with resume=auto "
-                 "hydra.run.dir=%s", stop, run.step, run.epoch, run.batch_in_epoch, run_dir)
+        log.info("stopped by %s at step %d (epoch %d, %d images into it); checkpoint saved: continue with resume=auto "
+                 "hydra.run.dir=%s", stop, run.step, run.epoch, run.images_in_epoch, run_dir)
         return {}
     except BaseException as err:
         keep_progress(run, err)

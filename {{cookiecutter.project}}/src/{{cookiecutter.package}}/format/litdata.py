@@ -167,23 +167,41 @@ def stream_loader_class():
     from litdata import StreamingDataLoader
 
     class Streamed(StreamingDataLoader):
-        """LitData's loader with the place-in-epoch contract of loaders.SampledLoader."""
-        resume_from = None  # a checkpoint's state, applied when its epoch starts
+        """LitData's loader with the place-in-epoch contract of loaders.SampledLoader.
 
-        def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        A state saved by as many processes and workers, with the same batch, is replayed exactly. Another
+        layout makes LitData restripe what is left of the epoch over the new one ("elastic" resume); it then
+        counts the samples it yields from the place it resumed at, and so does `state`.
+        """
+        resume_from = None  # a checkpoint's state, applied when its epoch starts
+        restriped_at = None  # the images of this epoch trained before an elastic resume, where LitData counts from
+
+        def set_epoch(self, epoch: int, skip_images: int = 0) -> None:
+            self.restriped_at = None
             if self.resume_from is not None and self.resume_from["current_epoch"] == epoch + 1:
+                if self.restriped(self.resume_from["dataset"]):
+                    self.restriped_at = skip_images
                 self.load_state_dict(self.resume_from)  # LitData counts epochs from 1
             else:
                 self.current_epoch, self.restore = epoch, False  # its __iter__ moves on to epoch + 1
             self.resume_from = None
 
-        def state(self, epoch: int, batches_done: int) -> dict:
-            """LitData's state_dict as it stood after `batches_done` batches (the loader itself has read ahead):
-            workers hand batches over in turn, so the last one trained came from worker batches_done - 1."""
-            samples = batches_done * self.batch_size
+        def restriped(self, saved: dict) -> bool:
+            layout = (self.dataset.distributed_env.world_size, max(1, self.num_workers), self.batch_size)
+            return saved.get("resume_mode") == "elastic" or layout != (
+                saved["world_size"], max(1, saved["num_workers"]), saved["batch_size"])
+
+        def state(self, epoch: int, images_done: int) -> dict:
+            """LitData's state_dict as it stood after `images_done` images of all processes (the loader itself
+            has read ahead): workers hand batches over in turn, so the last one trained came from worker
+            batches - 1, counted from where LitData's own count starts."""
+            counted = images_done - (self.restriped_at or 0)
+            batches = counted // (self.dataset.distributed_env.world_size * self.batch_size)
+            samples = batches * self.batch_size
             dataset = self.dataset.state_dict(samples, self.num_workers, self.batch_size)
-            return {"dataset": {**dataset, "current_epoch": epoch + 1}, "current_epoch": epoch + 1,
-                    "num_samples_yielded": samples, "latest_worker_idx": (batches_done - 1) % max(1, self.num_workers)}
+            restriped = {} if self.restriped_at is None else {"resume_mode": "elastic"}
+            return {"dataset": {**dataset, **restriped, "current_epoch": epoch + 1}, "current_epoch": epoch + 1,
+                    "num_samples_yielded": samples, "latest_worker_idx": (batches - 1) % max(1, self.num_workers)}
 
         def load_state(self, state: dict) -> None:
             self.resume_from = state or None
