@@ -239,6 +239,31 @@ def stopped_after_first_checkpoint(run_dir: Path, overrides: tuple[str, ...], ca
     return stderr
 
 
+TRAINING_IMAGES_SCRIPT = """
+import json, os, sys, zlib
+import torch
+from hydra import compose, initialize_config_dir
+from {{ cookiecutter.package }}.distributed import setup
+from {{ cookiecutter.package }}.failures import end_workers
+from {{ cookiecutter.package }}.loaders import make_loaders
+
+world = setup(1.0)
+conf, out = sys.argv[1], sys.argv[2]
+with initialize_config_dir(config_dir=conf, version_base="1.3"):
+    cfg = compose("train", sys.argv[3:])
+loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
+                       cfg.train.batch_size, cfg.seed, world, torch.contiguous_format)
+loaders.splits.train.transform = lambda payload: torch.tensor(zlib.crc32(payload))  # which image, not its pixels
+"""
+
+
+def training_images_script(path: Path, body: str) -> Path:
+    """A script, `python path CONF OUT OVERRIDES...` (or under torchrun), that builds training's loaders whose
+    batches hold each image's CRC-32 instead of its pixels, then runs `body` (world, loaders, out in scope)."""
+    path.write_text(TRAINING_IMAGES_SCRIPT + body)
+    return path
+
+
 def finish(process: subprocess.Popen, timeout: float) -> str:
     """The stderr of `process` once it ends. Past `timeout`, it and every process it started are killed."""
     try:

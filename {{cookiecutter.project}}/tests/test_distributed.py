@@ -8,8 +8,8 @@ import sys
 import zlib
 
 import pytest
-from conftest import (CONF, CPU_ONLY, LONGER, PACKAGE, PROJECT, QUIET, TWO_PROCESSES, cli_command, finish,
-                      start_cli, summary, tiny, wait_for)
+from conftest import (CONF, CPU_ONLY, LONGER, PROJECT, QUIET, TWO_PROCESSES, cli_command, finish, start_cli, summary,
+                      tiny, training_images_script, wait_for)
 from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }}.config import ConfigError
@@ -78,21 +78,7 @@ def test_launch_script_runs_torchrun_into_one_folder(tmp_path, cache_dir, tiny_r
     assert len(list((run_dir / "tb").glob("events.*"))) == 1
 
 
-RESHARD_SCRIPT = """
-import json, os, sys, zlib
-import torch
-from hydra import compose, initialize_config_dir
-from PACKAGE.distributed import setup
-from PACKAGE.failures import end_workers
-from PACKAGE.loaders import make_loaders
-
-world = setup(1.0)
-conf, out, stop_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
-with initialize_config_dir(config_dir=conf, version_base="1.3"):
-    cfg = compose("train", sys.argv[4:])
-loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
-                       cfg.train.batch_size, cfg.seed, world, torch.contiguous_format)
-loaders.splits.train.transform = lambda payload: torch.tensor(zlib.crc32(payload))  # which image, not its pixels
+STOP_AND_RESUME = """
 saved = os.path.join(out, "stopped.pt")
 resumed = os.path.exists(saved)
 skip = 0
@@ -104,7 +90,7 @@ loaders.train.set_epoch(2, skip)
 seen = []
 for batch, _ in loaders.train.loader:
     seen += [int(crc) for crc in batch]
-    if len(seen) == stop_after:
+    if len(seen) == int(os.environ["STOP_AFTER"]):
         break
 if not resumed and world.is_main:
     images = len(seen) * world.size
@@ -121,14 +107,13 @@ def test_a_resume_with_another_number_of_processes_trains_each_image_left_once(f
     """2 processes with 2 workers each stop after 2 batches of 3; 1 process with 1 worker reads the rest."""
     if format == "format=litdata":
         pytest.importorskip("litdata", reason="pip install -e '.[litdata]'")
-    script = tmp_path / "reshard.py"
-    script.write_text(RESHARD_SCRIPT.replace("PACKAGE", PACKAGE))
+    script = training_images_script(tmp_path / "reshard.py", STOP_AND_RESUME)
     overrides = tiny(("data=imagenet", format, "train.batch_size=3"), cache_dir, tiny_root)
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2")
     for launcher, stop_after, workers in ((torchrun, 6, 2), ((sys.executable,), 0, 1)):
-        result = subprocess.run([*launcher, str(script), str(CONF), str(tmp_path), str(stop_after), *overrides,
+        result = subprocess.run([*launcher, str(script), str(CONF), str(tmp_path), *overrides,
                                  f"loader.num_workers={workers}"], cwd=PROJECT, capture_output=True, text=True,
-                                timeout=300, env={**os.environ, **QUIET, **TWO_PROCESSES})
+                                timeout=300, env={**os.environ, **QUIET, **TWO_PROCESSES, "STOP_AFTER": str(stop_after)})
         assert result.returncode == 0, result.stderr[-3000:]
     stopped = [json.loads((tmp_path / f"stopped-rank{rank}.json").read_text()) for rank in (0, 1)]
     resumed = json.loads((tmp_path / "resumed-rank0.json").read_text())

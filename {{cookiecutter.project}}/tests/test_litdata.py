@@ -8,7 +8,7 @@ import zlib
 import pytest
 import torch
 from conftest import (CONF, DEVICE, PACKAGE, PROJECT, QUIET, TWO_PROCESSES, finish, on_this_machine, start_cli,
-                      stopped_after_first_checkpoint, summary, tiny)
+                      stopped_after_first_checkpoint, summary, tiny, training_images_script)
 from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }} import options
@@ -54,33 +54,19 @@ def test_every_decoder_reads_the_stream_as_it_reads_lmdb(name, compose_tiny):
     assert torch.equal(streamed, first_val_batch(compose_tiny("format=lmdb", f"decoder={name}", *here)))
 
 
-SHARD_SCRIPT = """
-import json, os, sys, zlib
-import torch
-from hydra import compose, initialize_config_dir
-from PACKAGE.distributed import setup
-from PACKAGE.failures import end_workers
-from PACKAGE.loaders import make_loaders
-
-world = setup(1.0)
-with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
-    cfg = compose("train", sys.argv[3:])
-loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
-                       cfg.train.batch_size, cfg.seed, world, torch.contiguous_format)
-loaders.splits.train.transform = lambda payload: torch.tensor(zlib.crc32(payload))  # which image, not its pixels
+EPOCHS_SEEN = """
 seen = dict()
 for epoch in (0, 1):
     loaders.train.set_epoch(epoch)
     seen[epoch] = [int(crc) for batch, _ in loaders.train.loader for crc in batch]
-with open(os.path.join(sys.argv[2], "rank%d.json" % world.rank), "w") as file:
+with open(os.path.join(out, "rank%d.json" % world.rank), "w") as file:
     json.dump(seen, file)
 end_workers()  # as training does: persistent workers ignore the SIGTERM exit would send them
 """
 
 
 def test_two_processes_and_their_workers_see_every_image_once_per_epoch(tmp_path, cache_dir, tiny_root, packs):
-    script = tmp_path / "shards.py"
-    script.write_text(SHARD_SCRIPT.replace("PACKAGE", PACKAGE))
+    script = training_images_script(tmp_path / "shards.py", EPOCHS_SEEN)
     overrides = tiny((*LITDATA, "loader.num_workers=2", "train.batch_size=3"), cache_dir, tiny_root)
     result = subprocess.run([*TORCHRUN, str(script), str(CONF), str(tmp_path), *overrides], cwd=PROJECT,
                             capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET, **TWO_PROCESSES})

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from . import failures, options
+from .checkpoint import bytes_in
 from .config import ClearError, ConfigError, build, optional_import
 from .data import Source, make_splits
 from .decoder import CpuDecoder, Decoder
@@ -158,7 +159,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
         else list(settings.decoders)
     runnable, unable = timed_decoders(names, settings.batch_size, device)
     cpu_decoders = {name: decoder for name, decoder in runnable.items() if isinstance(decoder, CpuDecoder)}
-    data_mb = sum(path.stat().st_size for path in (source.root / "train").rglob("*") if path.is_file()) / 1e6
+    data_mb = bytes_in(source.root / "train") / 1e6
     cache = f"warm: read once in warm-up; {data_mb:.0f} MB vs {psutil.virtual_memory().available / 1e9:.0f} GB free RAM"
     fastest, decode_rate = decode_only(source.root, cpu_decoders or {"pil": PilDecoder()})
     rows = []

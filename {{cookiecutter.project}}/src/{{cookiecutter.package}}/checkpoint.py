@@ -32,6 +32,12 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
+def bytes_in(path: Path) -> int:
+    """A file's size, or the sum of a folder's files."""
+    return path.stat().st_size if path.is_file() else sum(file.stat().st_size for file in path.rglob("*")
+                                                          if file.is_file())
+
+
 def disk_space(path: Path) -> str:
     """The free space beside `path`, as a failed write's message gives it."""
     free = free_bytes(path) / 2**20

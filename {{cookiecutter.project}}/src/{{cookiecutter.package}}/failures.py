@@ -82,6 +82,20 @@ def explain(err: BaseException) -> str | None:
     return line + resume
 
 
+def reported(stderr: str) -> str | None:
+    """The line of a failed command's stderr that says why: ours (`error: ...`), Hydra's first (not its hints),
+    or an exception's last; None for no output."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip() and "\r" not in line and "%|" not in line
+             and not line.startswith(("Set the environment variable HYDRA_FULL_ERROR",
+                                      "Error executing job with overrides"))]
+    if not lines:
+        return None
+    ours = [line for line in lines if line.startswith("error:")]
+    if ours:
+        return ours[-1]
+    return lines[-1] if lines[0].startswith("Traceback") else lines[0]
+
+
 def log_traceback(err: BaseException) -> None:
     """The whole traceback, into the run's log files only: the console gets the one line."""
     record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "the run failed", None,

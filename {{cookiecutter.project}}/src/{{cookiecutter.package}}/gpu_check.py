@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 from . import options
 from .config import ClearError, ConfigError
+from .failures import reported
 from .report import environment
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,8 @@ def run_trial(trial: Trial, timeout_s: float, writes: str = "summary.json") -> T
 
 
 def failure(stderr: str) -> str:
-    """The line of a failed run's stderr that says why: ours (`error: ...`), Hydra's first, or an exception's last."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip() and "\r" not in line and "%|" not in line
-             and not line.startswith("Set the environment variable HYDRA_FULL_ERROR")] or ["no output"]
-    ours = [line.removeprefix("error: ") for line in lines if line.startswith("error:")]
-    if ours:
-        return ours[-1]
-    return lines[-1] if lines[0].startswith("Traceback") else lines[0]
+    """Why a run failed, in the report's words: failures.reported without its `error: `."""
+    return (reported(stderr) or "no output").removeprefix("error: ")
 
 
 def trials(cfg: DictConfig, run_dir: Path) -> list[Trial]:

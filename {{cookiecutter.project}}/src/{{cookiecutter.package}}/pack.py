@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from . import failures, options
-from .checkpoint import disk_space, free_bytes
+from .checkpoint import bytes_in, disk_space, free_bytes
 from .config import ClearError, ConfigError, build
 from .decoder import Unreadable, decoding, pil_size
 from .decoder.pil import PilDecoder
@@ -153,12 +153,6 @@ def pack(root: Path, format: str, out: Path | str, short_side: int | None, quali
     return {"out": str(out), "format": format, "images": images, "skipped": len(skipped),
             "source_mb": source_bytes / 1e6, "packed_mb": packed_bytes / 1e6, "seconds": seconds,
             "images_per_s": images / seconds}
-
-
-def bytes_in(path: Path) -> int:
-    """A file's size, or the sum of a folder's files."""
-    return path.stat().st_size if path.is_file() else sum(file.stat().st_size for file in path.rglob("*")
-                                                          if file.is_file())
 
 
 def partial_write(module, format: str, chunk_mb: float):

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from .checkpoint import bytes_in
 from .config import ConfigError
 from .distributed import World
 
@@ -70,7 +71,7 @@ class TmpfsStaging:
             return
         needed = sum(size for size, _ in wanted.values())
         self.dir.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(self.dir).free + (_size(target) if target.exists() else 0)
+        free = shutil.disk_usage(self.dir).free + (bytes_in(target) if target.exists() else 0)
         available = psutil.virtual_memory().available
         if needed > free:
             raise ConfigError(f"{source} needs {needed / GIB:.2f} GiB and {self.dir} has {free / GIB:.2f} GiB "
@@ -88,10 +89,6 @@ class TmpfsStaging:
             raise
         shutil.rmtree(target, ignore_errors=True)
         partial.rename(target)  # a copy cut short never carries the name training reads
-
-
-def _size(root: Path) -> int:
-    return sum(size for size, _ in manifest(root).values())
 
 
 def none(world: World):

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from .failures import reported
+
 PEER_TIMEOUT_MIN = 1.0  # a trial's process gives up on a peer that failed after this long, not training's 30 min
 
 
@@ -35,14 +37,6 @@ class Trial:
 
 def as_overrides(settings: dict[str, str]) -> list[str]:
     return [f"{key}={value}" for key, value in settings.items()]
-
-
-def reason(stderr: str, returncode: int) -> str:
-    """A failed trial's one line: our `error:` line, or Hydra's message without its hint about tracebacks."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith(
-        ("Set the environment variable HYDRA_FULL_ERROR", "Error executing job with overrides"))]
-    return next((line for line in reversed(lines) if line.startswith("error:")),
-                lines[-1] if lines else f"exit code {returncode}")
 
 
 class Ranks:
@@ -90,7 +84,7 @@ def run_rank(job: dict, ranks: Ranks) -> tuple[int, str]:
         done = subprocess.run(command, capture_output=True, text=True, timeout=job["timeout_s"], env=env)
     except subprocess.TimeoutExpired:
         return -1, "did not finish within the budget"
-    return done.returncode, reason(done.stderr, done.returncode) if done.returncode else ""
+    return done.returncode, (reported(done.stderr) or f"exit code {done.returncode}") if done.returncode else ""
 
 
 def follow(ranks: Ranks) -> None:

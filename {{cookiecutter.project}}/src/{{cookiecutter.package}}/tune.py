@@ -19,11 +19,13 @@ proposed with the command that builds it. The run folder gets experiment/tuned.y
 tune.png and command.txt, the command that trains with the result.
 """
 import csv
+import functools
 import hashlib
 import logging
 import math
 import os
 import re
+import statistics
 import sys
 import textwrap
 import time
@@ -37,6 +39,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from . import options
+from .checkpoint import bytes_in
 from .config import ClearError, ConfigError, build, check
 from .data import TrainCrop
 from .format import META
@@ -141,8 +144,12 @@ def fits_in_ram(cfg: DictConfig) -> bool:
         root = build(cfg.data).root
     except ClearError:
         return False
-    size = sum(path.stat().st_size for path in root.rglob("*") if path.is_file()) if root else 0
-    return 0 < size < psutil.virtual_memory().available / 4
+    return root is not None and ram_would_hold(root)
+
+
+@functools.cache  # moves() asks again at each new best: one walk of a large tree is enough
+def ram_would_hold(root: Path) -> bool:
+    return 0 < bytes_in(root) < psutil.virtual_memory().available / 4
 
 
 MAX_SAMPLES = 4  # trials of one configuration at most, when the budget left settles a close call
@@ -162,7 +169,7 @@ class Config:
     @property
     def rate(self) -> float:
         """Images/s, the mean of its trials."""
-        return mean([trial.rate for trial in self.measured]) if self.measured else 0.0
+        return statistics.fmean(trial.rate for trial in self.measured) if self.measured else 0.0
 
     @property
     def last(self) -> Trial:
@@ -181,10 +188,6 @@ def changes_something(change: dict[str, str], best: Config, cfg: DictConfig) -> 
     return any(now(key) != value for key, value in change.items())
 
 
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
 def noise(configs) -> float:
     """Run-to-run noise as a share of the rate: the standard deviation of repeated trials, pooled over every
     configuration trialled more than once (the start, tune.repeats times, to begin with); 0 before any repeat."""
@@ -192,7 +195,7 @@ def noise(configs) -> float:
     for config in configs:
         rates = [trial.rate for trial in config.measured]
         if len(rates) > 1:
-            average = mean(rates)
+            average = statistics.fmean(rates)
             squares += sum((rate / average - 1) ** 2 for rate in rates)
             freedom += len(rates) - 1
     return math.sqrt(squares / freedom) if freedom else 0.0
