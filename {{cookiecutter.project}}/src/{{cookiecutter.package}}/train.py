@@ -184,7 +184,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
         if run.out_of_steps:
             break
     else:
-        batches_left = 0  # the loader ran out: after an elastic resume LitData's len still counts the whole epoch
+        batches_left = 0  # the loader ran out, whatever its len said (a restriped stream may count the whole epoch)
     end_window(run, bar, loss_sum)
     bar.close()
     return batches_left == 0
