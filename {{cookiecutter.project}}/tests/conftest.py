@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }}.hardware import Hardware
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONF = options.CONF
@@ -33,6 +34,19 @@ CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")  # the machine's own: tests run the GPU paths where there is one
 # Two processes of one job need a GPU each; with fewer, their tests run both on the CPU.
 TWO_PROCESSES = {} if torch.cuda.device_count() >= 2 else {"CUDA_VISIBLE_DEVICES": ""}
+
+
+# Machines described, for the rules that read the hardware: tests never assume the one they run on.
+AVX2 = Hardware(device="cpu", cores=2, cpu="AMD EPYC", cpu_flags=(), cpu_capability="AVX2")
+AVX512_BF16 = Hardware(device="cpu", cores=64, cpu="Intel Xeon Platinum 8480+", cpu_flags=("avx512_bf16", "amx_bf16"),
+                       cpu_capability="AVX512")
+SM61 = Hardware(device="cuda", cores=4, cpu="Intel Core", cpu_flags=(), cpu_capability="AVX2", gpu="GTX 1080",
+                gpu_capability=(6, 1))
+SM70 = Hardware(device="cuda", cores=8, cpu="Intel Xeon", cpu_flags=(), cpu_capability="AVX512", gpu="Tesla V100",
+                gpu_capability=(7, 0))
+SM90 = Hardware(device="cuda", cores=16, cpu="AMD EPYC", cpu_flags=(), cpu_capability="AVX2", gpu="NVIDIA H100",
+                gpu_capability=(9, 0))
+MACHINES = {"avx2": AVX2, "avx512_bf16": AVX512_BF16, "sm61": SM61, "sm70": SM70, "sm90": SM90}
 
 
 def on_this_machine(choice: str) -> list[str]:
@@ -167,6 +181,17 @@ def compose_tiny(cache_dir, tiny_root, packs):
     return composed
 
 
+@pytest.fixture
+def compose_tiny_tune(cache_dir, tiny_root):
+    """compose(overrides) -> tune's shrunk config with those overrides on top."""
+
+    def composed(*overrides: str) -> DictConfig:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose("tune", tiny(overrides, cache_dir, tiny_root))
+
+    return composed
+
+
 def cli_command(run_dir: Path, overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path,
                 launcher: tuple[str, ...] = (sys.executable,)) -> list[str]:
     """`python -m PACKAGE.train` (or `launcher` ... -m PACKAGE.train) on tiny data, writing into `run_dir`."""
@@ -187,6 +212,13 @@ def train_cli(cache_dir, tiny_root, packs):
         return result
 
     return run
+
+
+def error_line(stderr: str) -> str:
+    """The last line a failed command printed, which must be its one line: no traceback anywhere before it."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return lines[-1]
 
 
 def summary(run_dir: Path) -> dict:

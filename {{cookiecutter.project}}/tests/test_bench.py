@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE
+from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line
 
 from {{ cookiecutter.package }} import options
 
@@ -40,3 +40,35 @@ def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp
     assert "warm" in written[0]["page_cache"]
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "baseline" in result.stdout + result.stderr and (tmp_path / "packs").is_dir()
+
+
+def run_bench(tmp_path, root, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", f"{PACKAGE}.bench", "data=imagenet", f"data.root={root}", "data.crop_size=32",
+         "data.val_resize=36", "bench.formats=[folder]", "bench.decoders=[pil,opencv,turbojpeg]", "bench.timed_epochs=1",
+         f"bench.pack_dir={tmp_path / 'packs'}", f"hydra.run.dir={tmp_path / 'bench'}", *overrides],
+        cwd=PROJECT, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
+
+
+def test_bench_skips_and_counts_unreadable_files_in_every_row_the_ceiling_included(tree_with_bad_files, tmp_path):
+    """A zero-byte, a truncated and a text file among 11: each batch of 11 holds every image, so every row meets all
+    three, as training would, and says so."""
+    result = run_bench(tmp_path, tree_with_bad_files, "bench.num_workers=[0,2]", "bench.batch_size=11")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with (tmp_path / "bench/bench.csv").open() as file:
+        written = list(csv.DictReader(file))
+    assert len(written) == 2 * 5 and all(float(row["images_per_s"]) > 0 for row in written)
+    assert {row["unreadable"] for row in written} == {"3"}, [(row["decoder"], row["unreadable"]) for row in written]
+
+
+def test_bench_over_a_data_set_past_the_bad_fraction_ends_in_the_line_training_gives(tiny_root, tmp_path):
+    import shutil
+
+    root = shutil.copytree(tiny_root, tmp_path / "data")
+    for path in sorted((root / "train").rglob("*.JPEG"))[::2]:
+        path.write_bytes(b"not an image")
+    result = run_bench(tmp_path, root, "bench.num_workers=[0]", "bench.batch_size=4")
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith("error: 11 of the 24 training images are unreadable, more than "
+                                                "data.max_bad_fraction=0.01 allows (10): is this the data set you "
+                                                "meant?"), result.stderr[-2000:]

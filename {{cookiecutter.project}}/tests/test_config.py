@@ -8,7 +8,7 @@ import torch
 from conftest import CONF, DEVICE, on_this_machine
 from omegaconf import OmegaConf
 
-from {{ cookiecutter.package }}.config import (RANGES, ConfigError, _bounds, build, check_ranges, describe_range,
+from {{ cookiecutter.package }}.config import (FACTS, RANGES, ConfigError, _bounds, build, check_ranges, describe_range,
                                            in_range, ranged_keys)
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.data import Source
@@ -217,9 +217,10 @@ def test_every_option_declares_only_known_facts():
 
 
 def numeric_leaves(node, prefix: str = ""):
-    """(dotted key, value) of every number in a config, Hydra's own and the ranges themselves left out."""
+    """(dotted key, value) of every number in a config, Hydra's own, the ranges themselves and the options' facts
+    (what they are, not settings) left out."""
     for key, value in node.items():
-        if key in ("hydra", RANGES):
+        if key in ("hydra", RANGES, FACTS):
             continue
         if isinstance(value, dict):
             yield from numeric_leaves(value, f"{prefix}{key}.")

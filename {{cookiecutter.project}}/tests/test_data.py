@@ -193,12 +193,55 @@ def test_replacing_a_bad_image_reads_a_bounded_number_and_a_wrong_data_set_stops
         Images(store, decode, "skip", max_bad_fraction=1.0)[0]
     assert store.reads <= 11  # not the whole data set
     half = Images(Store(bad=set(range(0, 40, 2))), decode, "skip")
-    with pytest.raises(WrongDataSet, match=r"of the \d+ images read so far are unreadable, more than "
-                                           r"data.max_bad_fraction=0.01"):
+    with pytest.raises(WrongDataSet, match=r"^11 of the 40 training images are unreadable, more than "
+                                           r"data.max_bad_fraction=0.01 allows \(10\)"):
         for index in range(40):
             half[index]
     tolerant = Images(Store(bad=set(range(0, 40, 2))), decode, "skip", max_bad_fraction=0.6)
     assert len([tolerant[index] for index in range(40)]) == 40
+
+
+def test_the_same_few_bad_images_read_again_and_again_are_judged_once():
+    """What stopped a run in its fourth epoch: re-reads of the same three files counted as new ones."""
+    images = Images(Store(bad={3, 17, 29}), decode, "skip")
+    for _ in range(20):  # twenty epochs, each meeting all three
+        assert len([images[index] for index in range(40)]) == 40
+    assert images.bad_count.value == 3 and images.bad_flags().sum() == 3
+
+
+class OtherProcess:
+    """Stands in for a World of two processes: the other one found `theirs` unreadable since the last share."""
+    size, device = 2, CPU
+
+    def __init__(self, theirs: set[int], length: int):
+        self.flags = torch.zeros(length, dtype=torch.uint8)
+        self.flags[list(theirs)] = 1
+        self.new = len(theirs)
+
+    def sum(self, counts: torch.Tensor) -> torch.Tensor:
+        return counts + torch.tensor([self.new, 0])
+
+    def any(self, flags: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(flags, self.flags)
+
+
+def test_processes_judge_the_union_of_what_each_found_and_a_resume_keeps_it():
+    from {{ cookiecutter.package }}.data import Splits
+
+    mine, theirs = {0, 2, 4, 6, 8, 10}, {6, 8, 11, 13, 15, 17}  # 6 each, 10 distinct: within BAD_ALLOWED
+    train = Images(Store(bad=mine), decode, "skip")
+    splits = Splits(train, Images(Store(bad=set()), decode, "skip"), ["x"], None)
+    for index in range(20):
+        train[index]
+    splits.share_unreadable(OtherProcess(theirs, 40))
+    assert train.bad_count.value == 10 and sorted(splits.unreadable_state()["train"]) == sorted(mine | theirs)
+    resumed = Splits(Images(Store(bad=mine), decode, "skip"), Images(Store(bad=set()), decode, "skip"), ["x"], None)
+    resumed.load_unreadable_state(splits.unreadable_state())
+    for index in range(20):  # the same images again: nothing new, nothing counted twice
+        resumed.train[index]
+    assert resumed.train.bad_count.value == 10
+    with pytest.raises(WrongDataSet, match=r"^11 of the 40 training images are unreadable"):
+        splits.share_unreadable(OtherProcess({19}, 40))  # one more anywhere is one too many, in every process
 
 
 @pytest.mark.parametrize("size", [32, 64, 224])

@@ -1,5 +1,6 @@
 """Compute switches: precision, the non-finite-loss guard, cudnn modes, channels_last and compile."""
 import os
+import re
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from {{ cookiecutter.package }}.data import ToDevice
 from {{ cookiecutter.package }}.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.distributed import unwrap
 from {{ cookiecutter.package }}.model import compiled, torchvision_model
-from {{ cookiecutter.package }}.precision import NonFiniteLoss, Precision
+from {{ cookiecutter.package }}.precision import NonFiniteLoss, Precision, make_precision
 
 CPU = torch.device("cpu")
 
@@ -33,6 +34,25 @@ def test_bf16_autocasts_on_the_cpu_and_fp32_does_not():
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         with Precision(name, CPU).autocast():
             assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == dtype
+
+
+def test_bf16_where_it_is_emulated_warns_once_at_start_with_the_measured_cost_and_goes_on(caplog):
+    import logging
+
+    from conftest import AVX2, AVX512_BF16
+
+    with caplog.at_level(logging.WARNING):
+        precision = make_precision("bf16", CPU, AVX2)
+    warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warned) == 1 and precision.dtype == torch.bfloat16
+    assert warned[0].startswith("precision=bf16 is emulated here, and slow: AMD EPYC has no native bf16 (no avx512_bf16")
+    assert re.search(r"a 3x3 convolution took \d+x as long under bf16 autocast as in fp32, measured now\. "
+                     r"precision=fp32 computes faster; going on with bf16$", warned[0]), warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        make_precision("bf16", CPU, AVX512_BF16)
+        make_precision("fp32", CPU, AVX2)
+    assert not caplog.records
 
 
 def test_fp16_without_a_gpu_and_unknown_names_are_refused():

@@ -43,6 +43,23 @@ def test_unreadable_images_are_counted_in_the_summary(tmp_path, tiny_root, train
     assert "skipping unreadable image" in log and "empty.JPEG" in log and "text.JPEG" in log
 
 
+def test_a_few_unreadable_files_get_the_same_decision_in_every_epoch_and_after_a_resume(tmp_path, tree_with_bad_files,
+                                                                                       train_cli):
+    """3 unreadable of 11: each epoch reads them all again (batches of 11), and the run trains on past the fourth."""
+    data = ("data=imagenet", f"data.root={tree_with_bad_files}", "train.batch_size=11")
+    straight = tmp_path / "straight"
+    train_cli(straight, *data, "train.epochs=5")
+    assert summary(straight)["steps"] == 5 and summary(straight)["skipped_files"] == 3
+    cut = tmp_path / "cut"
+    train_cli(cut, *data, "train.epochs=2")
+    train_cli(cut, *data, "train.epochs=5", "resume=auto")
+    assert summary(cut)["steps"] == 5 and summary(cut)["skipped_files"] == 3
+    import torch
+
+    held = torch.load(cut / "last.pt", map_location="cpu")["unreadable"]
+    assert len(held["train"]) == 3 and held["val"] == []
+
+
 @pytest.mark.parametrize(("option", "written", "absent"), [
     ("profiler=torch", "profile/trace.json", "profile.prof"),
     ("profiler=cprofile", "profile.prof", "profile"),

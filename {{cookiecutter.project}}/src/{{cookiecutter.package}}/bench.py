@@ -16,6 +16,7 @@ Writes bench.csv and bench.png into the run folder.
 """
 import csv
 import logging
+import multiprocessing
 import os
 import sys
 import time
@@ -30,9 +31,9 @@ from torch.utils.data import DataLoader
 
 from . import failures, options
 from .checkpoint import bytes_in
-from .config import ClearError, ConfigError, build, optional_import
-from .data import Source, make_splits
-from .decoder import CpuDecoder, Decoder
+from .config import ConfigError, build, optional_import
+from .data import REPLACEMENTS, Source, WrongDataSet, make_splits
+from .decoder import DECODE_ERRORS, CpuDecoder, Decoder, Unreadable, decoding
 from .decoder.none import NoDecoder
 from .decoder.pil import PilDecoder
 from .distributed import World
@@ -45,7 +46,8 @@ from .staging import no_staging
 log = logging.getLogger(__name__)
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
-COLUMNS = ("decoder", "format", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling", "page_cache", "note")
+COLUMNS = ("decoder", "format", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling", "unreadable", "page_cache",
+           "note")
 
 
 def time_epochs(loader, epochs: int, upload=lambda batch: None, device: torch.device = ALONE.device) -> float:
@@ -95,33 +97,71 @@ def timed_decoders(names: list[str], batch_size: int, device: torch.device) -> t
     return runnable, unable
 
 
-def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: int, device: torch.device) -> float:
-    """pytorch/examples imagenet's training loader, as its users run it."""
-    from torchvision import datasets, transforms
+class SkippingImageFolder:
+    """torchvision's ImageFolder under the skip policy training has: an unreadable image is counted once and the
+    next one takes its place (pytorch/examples itself would stop at the first)."""
+
+    def __init__(self, root: Path, transform):
+        from torchvision import datasets
+
+        self.folder = datasets.ImageFolder(str(root), transform)
+        self.bad = multiprocessing.RawArray("b", len(self.folder))  # seen from every worker
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, index: int):
+        for position in (index + offset for offset in range(REPLACEMENTS)):
+            position %= len(self.folder)
+            try:
+                return self.folder[position]
+            except DECODE_ERRORS:
+                self.bad[position] = 1
+        raise WrongDataSet(f"{REPLACEMENTS} images in a row from {self.folder.samples[index][0]} on are unreadable: "
+                           "is this the data set you meant?")
+
+
+def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: int,
+             device: torch.device) -> tuple[float, int]:
+    """pytorch/examples imagenet's training loader, as its users run it: images/s, and the unreadable images met."""
+    from torchvision import transforms
 
     recipe = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
                                  transforms.ToTensor(),
                                  transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
-    dataset = datasets.ImageFolder(str(root / "train"), recipe)
-    return time_epochs(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
+    dataset = SkippingImageFolder(root / "train", recipe)
+    rate = time_epochs(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                                   num_workers=num_workers, persistent_workers=num_workers > 0), epochs,
                        lambda batch: batch[0].to(device, non_blocking=True), device)
+    return rate, sum(dataset.bad)
 
 
-def decode_only(root: Path, cpu_decoders: dict[str, CpuDecoder]) -> tuple[str, float]:
-    """The fastest decoder's full-size decode rate in this process, files already in memory."""
+CEILING_FILES = 300  # files decoded for the ceiling, at most
+
+
+def decode_only(root: Path, cpu_decoders: dict[str, CpuDecoder]) -> tuple[str, float, int]:
+    """The fastest decoder's full-size decode rate in this process, files already in memory, and how many of the
+    files it was timed on are unreadable (skipped, as training skips them)."""
     train, _, _ = open_tree(root)
-    files = [train.payload(index) for index in range(min(len(train), 300))]
-    rates = {}
+    files = [train.payload(index) for index in range(min(len(train), CEILING_FILES))]
+    rates, unreadable = {}, {}
+
+    def decodes(decoder: CpuDecoder, data: bytes) -> bool:
+        try:
+            with decoding():
+                decoder.decode(data, 1)
+        except Unreadable:
+            return False
+        return True
+
     for name, decoder in cpu_decoders.items():
-        decoder.decode(files[0], 1)
+        next((data for data in files if decodes(decoder, data)), None)  # warm-up
         start = time.perf_counter()
-        for data in files:
-            decoder.decode(data, 1)
-        rates[name] = len(files) / (time.perf_counter() - start)
+        decoded = sum(decodes(decoder, data) for data in files)
+        rates[name], unreadable[name] = decoded / (time.perf_counter() - start), len(files) - decoded
     fastest = max(rates, key=rates.get)
     log.info("decode-only, one process: %s", ", ".join(f"{name} {rate:.0f}/s" for name, rate in rates.items()))
-    return fastest, rates[fastest]
+    return fastest, rates[fastest], unreadable[fastest]
 
 
 def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> Stores:
@@ -161,16 +201,18 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     cpu_decoders = {name: decoder for name, decoder in runnable.items() if isinstance(decoder, CpuDecoder)}
     data_mb = bytes_in(source.root / "train") / 1e6
     cache = f"warm: read once in warm-up; {data_mb:.0f} MB vs {psutil.virtual_memory().available / 1e9:.0f} GB free RAM"
-    fastest, decode_rate = decode_only(source.root, cpu_decoders or {"pil": PilDecoder()})
+    fastest, decode_rate, sample_bad = decode_only(source.root, cpu_decoders or {"pil": PilDecoder()})
     rows = []
     for workers in settings.num_workers:
         cores = max(1, min(workers, os.cpu_count() or 1))
+        baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size, workers,
+                                               settings.timed_epochs, device)
         reference = [
             {"decoder": "ceiling", "format": "memory", "num_workers": workers, "images_per_s": decode_rate * cores,
-             "note": f"{fastest} full decode, 1 process x {cores} cores"},
-            {"decoder": "baseline", "format": "folder", "num_workers": workers,
-             "images_per_s": baseline(source.root, source.crop_size, settings.batch_size, workers,
-                                      settings.timed_epochs, device), "note": "ImageFolder+PIL+ToTensor+Normalize fp32"}]
+             "unreadable": sample_bad, "note": f"{fastest} full decode, 1 process x {cores} cores, "
+                                               f"unreadable files of the {CEILING_FILES} first skipped"},
+            {"decoder": "baseline", "format": "folder", "num_workers": workers, "images_per_s": baseline_rate,
+             "unreadable": baseline_bad, "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped"}]
         rows += reference
         for format in settings.formats:
             stores = stores_for(format, source, Path(settings.pack_dir).expanduser(), settings.short_side)
@@ -182,11 +224,12 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                 rate = time_epochs(loader, settings.timed_epochs,
                                    lambda batch: splits.decoder.upload(batch[0], device, True), device)
                 rows.append({"decoder": name, "format": format, "num_workers": workers, "images_per_s": rate,
+                             "unreadable": int(splits.train.bad_flags().sum()),
                              "note": "pre-decoded pixels" if name == "none" else ""})
                 log.info("%s / %s / %d workers: %.0f images/s", name, format, workers, rate)
             if not stores.train.decoded:
                 rows += [{"decoder": name, "format": format, "num_workers": workers, "images_per_s": 0.0,
-                          "note": f"not run: {reason}"} for name, reason in unable.items()]
+                          "unreadable": "", "note": f"not run: {reason}"} for name, reason in unable.items()]
         for row in rows:
             if row["num_workers"] == workers:
                 row["vs_baseline"] = row["images_per_s"] / reference[1]["images_per_s"]
@@ -204,9 +247,11 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'decoder':<12}{'format':<8}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}  note"]
+    lines = [f"{'decoder':<12}{'format':<8}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}"
+             f"{'unreadable':>11}  note"]
     lines += [f"{row['decoder']:<12}{row['format']:<8}{row['num_workers']:>8}{row['images_per_s']:>10.0f}"
-              f"{row['vs_baseline']:>11.2f}{row['vs_ceiling']:>10.2f}  {row['note']}" for row in rows]
+              f"{row['vs_baseline']:>11.2f}{row['vs_ceiling']:>10.2f}{row['unreadable']!s:>11}  {row['note']}"
+              for row in rows]
     return "\n".join(lines)
 
 
@@ -215,8 +260,11 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         rows = bench(cfg, run_dir)
-    except ClearError as err:
-        sys.exit(f"error: {err}")
+    except BaseException as err:  # noqa: BLE001 - what the user can act on becomes one line; a bug re-raises
+        line = failures.explain(err)
+        if line is None:
+            raise
+        sys.exit(f"error: {line}")
     finally:  # the last loader's persistent workers ignore SIGTERM: at exit, multiprocessing would wait on them
         failures.end_workers()
     log.info("%s\npage cache: %s\nwritten: %s, %s (%d cores)", table(rows), rows[0]["page_cache"],

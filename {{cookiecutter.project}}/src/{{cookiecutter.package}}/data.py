@@ -116,7 +116,7 @@ class WrongDataSet(ClearError):
     """Too many unreadable images: the data, not a few bad files."""
 
 
-BAD_ALLOWED = 10  # unreadable images always skipped, however few were read: data.max_bad_fraction judges beyond
+BAD_ALLOWED = 10  # unreadable images always skipped, however small the data set: data.max_bad_fraction judges beyond
 REPLACEMENTS = BAD_ALLOWED + 1  # images tried after an unreadable one; more than that many bad ones stop the run
 
 
@@ -126,22 +126,35 @@ class Images(Dataset):
     Indices come from the sampler, for training as (index, epoch): the random crop and flip of an image
     are then drawn from a generator seeded by (seed, epoch, index), whichever worker reads it, so a run
     resumed mid-epoch, with any worker count, sees the augmentation the uninterrupted run would have.
+
+    The skip policy judges the data set, not the order it is read in: it counts distinct unreadable
+    images, however many times and by whichever worker, epoch or process they are read, and stops the run
+    once they are more than data.max_bad_fraction of the split can ever allow. The same files get the same
+    decision in every epoch and after a resume (the flags travel in the checkpoint).
     """
 
-    def __init__(self, store: Store, transform, on_error: str, max_bad_fraction: float = 0.01, seed: int = 0):
+    def __init__(self, store: Store, transform, on_error: str, max_bad_fraction: float = 0.01, seed: int = 0,
+                 split: str = "training"):
         if on_error not in ("skip", "raise"):
             raise ConfigError(f"data.on_error={on_error!r}: pick skip or raise")
         self.store, self.transform, self.on_error = store, transform, on_error
-        self.max_bad_fraction, self.seed = max_bad_fraction, seed
-        # In shared memory, so that every worker and every epoch adds to them: one flag per image, to count
-        # a bad image once, and the images read and found unreadable, to judge the share.
+        self.max_bad_fraction, self.seed, self.split = max_bad_fraction, seed, split
+        # In shared memory, so that every worker and every epoch sees them: one flag per image found unreadable,
+        # and their count (whose lock also guards setting a flag).
         self.bad = multiprocessing.RawArray("b", len(store))
-        self.counts = multiprocessing.Array("q", 2)  # reads, unreadable reads
+        self.bad_count = multiprocessing.Value("q", 0)
+        self.shared_count = 0  # the flags all processes held at the last share_unreadable
+        self.reads = multiprocessing.Value("q", 0)  # across workers, for faults.worker_error_at
         self.fail_at = -1  # faults.worker_error_at: the read (counted across workers, from 1) that raises
         self.read_delay_s = 0.0  # faults.read_delay_ms: a slow disk or decoder, on purpose
 
     def __len__(self) -> int:
         return len(self.store)
+
+    @property
+    def allowed_bad(self) -> float:
+        """Unreadable images this split may hold: data.max_bad_fraction of it, and never fewer than BAD_ALLOWED."""
+        return max(self.max_bad_fraction * len(self.store), BAD_ALLOWED)
 
     def bad_flags(self) -> torch.Tensor:
         return torch.frombuffer(self.bad, dtype=torch.int8)
@@ -152,40 +165,63 @@ class Images(Dataset):
             random.seed(hash((self.seed, epoch, index)))  # ints and tuples of them hash the same in every process
         for position in (index + offset for offset in range(min(REPLACEMENTS, len(self.store)))):
             position %= len(self.store)
+            self._count_read()
             try:
                 payload, label = self.store.read(position)
                 item = self.transform(payload), label
             except Unreadable as err:
-                self._count(unreadable=True)
                 self._skip(position, err)
                 continue
-            self._count(unreadable=False)
             if self.read_delay_s:  # even time.sleep(0) costs a tenth of a millisecond
                 time.sleep(self.read_delay_s)
             return item
         raise WrongDataSet(f"{REPLACEMENTS} images in a row from {self.store.name(index)} on are unreadable: is "
                            "this the data set you meant?")
 
-    def _count(self, unreadable: bool) -> None:
-        with self.counts.get_lock():
-            self.counts[0] += 1
-            self.counts[1] += unreadable
-            reads, bad = self.counts[0], self.counts[1]
+    def _count_read(self) -> None:
+        with self.reads.get_lock():
+            self.reads.value += 1
+            reads = self.reads.value
         if reads == self.fail_at:
             raise InjectedFault(f"faults.worker_error_at={reads}: the loader worker reading training image number "
                                 f"{reads} of this run raised, as asked")
-        if unreadable and bad > max(self.max_bad_fraction * reads, BAD_ALLOWED):
-            raise WrongDataSet(f"{bad} of the {reads} images read so far are unreadable, more than "
-                               f"data.max_bad_fraction={self.max_bad_fraction:g}: is this the data set you meant? "
-                               "(raise data.max_bad_fraction to train on it anyway)")
 
     def _skip(self, position: int, err: Unreadable) -> None:
         name = self.store.name(position)
         if self.on_error == "raise":
             raise UnreadableImage(f"unreadable image {name}: {err} (data.on_error=skip would skip it)") from err
-        if not self.bad[position]:
+        with self.bad_count.get_lock():
+            new = not self.bad[position]
+            self.bad[position] = 1
+            self.bad_count.value += new
+            found = self.bad_count.value
+        if new:
             log.warning("skipping unreadable image %s: %s", name, err)
-        self.bad[position] = 1
+        self.judge(found)
+
+    def judge(self, found: int) -> None:
+        """Stop the run once `found` distinct unreadable images are more than the split may hold."""
+        if found > self.allowed_bad:
+            raise WrongDataSet(f"{found} of the {len(self)} {self.split} images are unreadable, more than "
+                               f"data.max_bad_fraction={self.max_bad_fraction:g} allows ({self.allowed_bad:g}): is "
+                               "this the data set you meant? (raise data.max_bad_fraction to train on it anyway)")
+
+    def adopt_unreadable(self, flags: torch.Tensor) -> None:
+        """Take `flags` (every process's, combined) as this process's, and judge the split on them."""
+        with self.bad_count.get_lock():
+            self.bad_flags().copy_(flags.to(torch.int8))
+            self.bad_count.value = self.shared_count = int(flags.count_nonzero())
+        self.judge(self.shared_count)
+
+    def unreadable_state(self) -> list[int]:
+        """The images found unreadable: a resumed run starts with them, and counts none of them twice."""
+        return self.bad_flags().nonzero().flatten().tolist()
+
+    def load_unreadable_state(self, positions: list[int]) -> None:
+        with self.bad_count.get_lock():
+            flags = self.bad_flags()
+            flags[positions] = 1
+            self.bad_count.value = self.shared_count = int(flags.count_nonzero())
 
 
 @dataclass
@@ -200,6 +236,28 @@ class Splits:
         flags = torch.cat([self.train.bad_flags(), self.val.bad_flags()]).to(world.device, torch.int32)
         return int(world.sum(flags).count_nonzero())
 
+    def share_unreadable(self, world: World) -> None:
+        """Every process holds, and judges the data set on, the unreadable images any of them found.
+
+        One all-reduce of two numbers per call; the flags themselves cross only when some process found new ones.
+        Alone, a process has nothing to share: its workers judged as they flagged.
+        """
+        if world.size == 1:
+            return
+        splits = (self.train, self.val)
+        found = world.sum(torch.tensor([images.bad_count.value - images.shared_count for images in splits],
+                                       device=world.device)).tolist()
+        for images, new in zip(splits, found):
+            if new:
+                images.adopt_unreadable(world.any(images.bad_flags().to(world.device, torch.uint8)).cpu())
+
+    def unreadable_state(self) -> dict[str, list[int]]:
+        return {"train": self.train.unreadable_state(), "val": self.val.unreadable_state()}
+
+    def load_unreadable_state(self, state: dict[str, list[int]]) -> None:
+        self.train.load_unreadable_state(state.get("train", []))
+        self.val.load_unreadable_state(state.get("val", []))
+
 
 def make_splits(source: Source, stores: Stores, decoder: Decoder, seed: int = 0) -> Splits:
     """Training and validation data sets: random crops for one, the deterministic centre crop for the other."""
@@ -209,8 +267,9 @@ def make_splits(source: Source, stores: Stores, decoder: Decoder, seed: int = 0)
         raise ConfigError("decoder=none is for formats that store decoded pixels (format=tensor), and this one "
                           "stores encoded files: pick a decoder, such as decoder=turbojpeg")
     size, on_error, fraction = source.crop_size, source.on_error, source.max_bad_fraction
-    return Splits(Images(stores.train, decoder.transform(TrainCrop(size)), on_error, fraction, seed),
-                  Images(stores.val, decoder.transform(CenterCrop(size, source.val_resize)), on_error, fraction),
+    return Splits(Images(stores.train, decoder.transform(TrainCrop(size)), on_error, fraction, seed, "training"),
+                  Images(stores.val, decoder.transform(CenterCrop(size, source.val_resize)), on_error, fraction,
+                         split="validation"),
                   stores.classes, decoder)
 
 

@@ -42,6 +42,12 @@ class World:
         table[self.rank] = torch.tensor(values, dtype=torch.float64)
         return self.sum(table).tolist()
 
+    def any(self, flags: torch.Tensor) -> torch.Tensor:
+        """The element-wise maximum of `flags` over all processes: set where any process set it (in place)."""
+        if self.size > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return flags
+
     def max(self, value: float) -> float:
         """The largest `value` of any process."""
         tensor = torch.tensor([value], dtype=torch.float64, device=self.device)

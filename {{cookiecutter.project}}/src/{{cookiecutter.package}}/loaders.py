@@ -35,6 +35,10 @@ class Loaders:
         """Unreadable files met so far, counted once each across workers and processes."""
         return self.splits.skipped_files(world)
 
+    def share_unreadable(self, world: World) -> None:
+        """At each logging window: the same unreadable images, and the same decision on them, in every process."""
+        self.splits.share_unreadable(world)
+
 
 def seed_worker(worker_id: int) -> None:
     """Seed Python's and NumPy's generators from the per-worker, per-epoch seed torch gives each worker."""

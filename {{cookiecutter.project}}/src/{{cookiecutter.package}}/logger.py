@@ -1,4 +1,5 @@
-"""Where the per-window numbers go: TensorBoard, or nowhere (`logger=none`)."""
+"""Where the per-window numbers go: TensorBoard, JSON lines (`logger=jsonl`), or nowhere (`logger=none`)."""
+import json
 from pathlib import Path
 
 
@@ -37,8 +38,27 @@ class TensorBoardLogger(NullLogger):
         self.writer.close()
 
 
+class JsonLinesLogger(NullLogger):
+    """One JSON object per call, `{"step": ..., tag: value, ...}`, flushed at once: for a program that follows a
+    run while it goes, as tune does its trials."""
+
+    def __init__(self, path: Path):
+        self.file = path.open("a")
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        self.file.write(json.dumps({"step": step, **values}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
 def tensorboard(run_dir: Path) -> TensorBoardLogger:
     return TensorBoardLogger(Path(run_dir) / "tb")
+
+
+def jsonl(run_dir: Path) -> JsonLinesLogger:
+    return JsonLinesLogger(Path(run_dir) / "scalars.jsonl")
 
 
 def none(run_dir: Path) -> NullLogger:

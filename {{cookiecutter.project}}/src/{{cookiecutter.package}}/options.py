@@ -7,14 +7,25 @@
       extra: torchcodec                       # pip install -e '.[torchcodec]' ...
       module: torchcodec                      # ... installs this module
 
+and what it can do, which generic code asks instead of naming it (absent: false):
+      decode_rank: 1           # a CPU decoder's place by decode-only speed, 1 fastest (docs/benchmarks.md)
+      takes_pixels: true       # a decoder for stores of decoded pixels
+      packed: true             # a format read from what `pack` wrote
+      packed_for_storage: true # ... whose long reads suit slow storage
+      holds_pixels: true       # ... which holds decoded pixels
+      copies_to_ram: true      # a staging that copies the data into RAM
+      overlaps_copy: true      # a prefetcher that copies the next batch while the step computes
+      ceiling: true            # ... that replays one batch: the compute ceiling, not a way to train
+
 Building an option whose module is missing refuses in one line with the install command (config.build);
 tests, bench and the report's advice read the rest from here, so a new option needs no edit elsewhere.
 """
+import functools
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from .config import FACTS
 
@@ -28,6 +39,14 @@ class Facts:
     bench_without_gpu: bool = False
     extra: str | None = None
     module: str | None = None
+    decode_rank: int | None = None
+    takes_pixels: bool = False
+    packed: bool = False
+    packed_for_storage: bool = False
+    holds_pixels: bool = False
+    copies_to_ram: bool = False
+    overlaps_copy: bool = False
+    ceiling: bool = False
 
     @property
     def install(self) -> str:
@@ -48,9 +67,23 @@ def options(group: str) -> list[str]:
     return sorted(path.stem for path in (CONF / group).glob("*.yaml"))
 
 
+@functools.cache  # read at every suggestion; the files do not change while a process runs
 def facts(group: str, option: str) -> Facts:
     declared = OmegaConf.load(CONF / group / f"{option}.yaml").get(FACTS)
     return Facts(**OmegaConf.to_container(declared)) if declared is not None else Facts()
+
+
+def having(group: str, fact: str) -> list[str]:
+    """The options of `group` whose facts say `fact`."""
+    return [option for option in options(group) if getattr(facts(group, option), fact)]
+
+
+def default(group: str) -> str | None:
+    """The option train.yaml's defaults list picks for `group`."""
+    for entry in OmegaConf.load(CONF / "train.yaml").defaults:
+        if isinstance(entry, DictConfig) and group in entry:
+            return entry[group]
+    return None
 
 
 def gpu_options(group: str) -> list[str]:

@@ -1,12 +1,18 @@
 """Mixed precision: `precision=fp32|fp16|bf16`, and the guard against a loss that stops being finite.
 
-- `bf16`: autocast to bfloat16; its range is fp32's, so no loss scaling. Works on CPUs too.
+- `bf16`: autocast to bfloat16; its range is fp32's, so no loss scaling. Native on Ampere GPUs and on CPUs with
+  AVX-512-BF16 or AMX; elsewhere it is emulated, many times slower, and the run says so at start.
 - `fp16`: autocast to float16 with a GradScaler (its state is checkpointed); GPU only.
 - `fp32`: autocast and scaler disabled: the same lines run, doing nothing.
 """
+import logging
+
 import torch
 
 from .config import ClearError, ConfigError
+from .hardware import Hardware, bf16_slowdown
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -16,12 +22,13 @@ class NonFiniteLoss(ClearError):
 
 
 class Precision:
-    def __init__(self, name: str, device: torch.device):
+    def __init__(self, name: str, device: torch.device, native_bf16: bool = True):
         if name not in DTYPES:
             raise ConfigError(f"precision={name}: pick one of {', '.join(DTYPES)}")
         if name == "fp16" and device.type != "cuda":
             raise ConfigError("precision=fp16 needs a GPU for its loss scaling: use precision=bf16 on the CPU")
         self.name, self.dtype, self.device_type = name, DTYPES[name], device.type
+        self.native_bf16 = native_bf16
         self.scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16")
         # Device-side counters, read once per logging window: no sync per step.
         self.skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16 steps the scaler skipped
@@ -52,7 +59,7 @@ class Precision:
         if step >= 0:
             raise NonFiniteLoss(
                 f"the training loss became inf or NaN at step {step}: lower optim.lr or raise "
-                f"schedule.warmup_epochs{'; or try precision=bf16' if self.name == 'fp16' else ''}. "
+                f"schedule.warmup_epochs{'; or try precision=bf16' if self.name == 'fp16' and self.native_bf16 else ''}. "
                 "resume=auto restarts from the last checkpoint, written before it")
 
     def state_dict(self) -> dict:
@@ -63,5 +70,11 @@ class Precision:
             self.scaler.load_state_dict(state)
 
 
-def make_precision(name: str, device: torch.device) -> Precision:
-    return Precision(name, device)
+def make_precision(name: str, device: torch.device, hardware: Hardware) -> Precision:
+    """The precision `name`; bf16 where this machine emulates it goes on, after one warning with the measured cost."""
+    precision = Precision(name, device, hardware.native_bf16)
+    if name == "bf16" and not hardware.native_bf16:
+        log.warning("precision=bf16 is emulated here, and slow: %s; a 3x3 convolution took %.0fx as long under bf16 "
+                    "autocast as in fp32, measured now. precision=%s computes faster; going on with bf16",
+                    hardware.bf16_fact, bf16_slowdown(device), "fp16" if hardware.tensor_cores else "fp32")
+    return precision

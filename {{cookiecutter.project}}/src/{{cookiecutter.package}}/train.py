@@ -9,6 +9,7 @@ import json
 import logging
 import random
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,9 +31,10 @@ from .logger import NullLogger
 from .model import compiled
 from .precision import NonFiniteLoss, Precision, make_precision
 from .preempt import Preempted, StopRequest
-from .prefetcher import NoPrefetcher
 from .profiler import NoProfiler
-from .report import Settings, diagnose, environment, format_report, run_totals
+from .diagnosis import Settings, diagnose
+from .hardware import Hardware, probe
+from .report import environment, format_report, run_totals
 from .sysmon import SystemMonitor
 
 log = logging.getLogger(__name__)
@@ -46,8 +48,7 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     criterion: torch.nn.Module
     precision: Precision
-    train_loader: NoPrefetcher
-    val_loader: NoPrefetcher
+    loaders: Loaders
     clock: Clock
     sysmon: SystemMonitor
     logger: NullLogger
@@ -55,6 +56,7 @@ class Run:
     checkpoints: checkpoint.Checkpoints
     stop: StopRequest
     world: World
+    hardware: Hardware
     log_every: int
     max_steps: int | None
     limit_val_batches: int | None
@@ -88,7 +90,8 @@ class Run:
                 "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
                 "identity": self.identity, "epoch": self.epoch, "step": self.step,
                 "images_in_epoch": self.images_in_epoch,
-                "loader": self.train_loader.state(self.epoch, self.images_in_epoch),
+                "loader": self.loaders.train.state(self.epoch, self.images_in_epoch),
+                "unreadable": self.loaders.splits.unreadable_state(),
                 "windows": [(asdict(window), system) for window, system in self.windows]}
 
     def restore(self, state: dict) -> None:
@@ -97,18 +100,20 @@ class Run:
         self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("scaler", {}))
         self.epoch, self.step, self.images_in_epoch = state["epoch"], state["step"], state["images_in_epoch"]
-        self.train_loader.load_state(state.get("loader", {}))
+        self.loaders.train.load_state(state.get("loader", {}))
+        self.loaders.splits.load_unreadable_state(state.get("unreadable", {}))
         self.windows = [(Window(**window), system) for window, system in state.get("windows", [])]
 
 
-def make_run(cfg: DictConfig, run_dir: Path, world: World):
+def make_run(cfg: DictConfig, run_dir: Path, world: World) -> Run:
     """Build data, model and helpers; everything that can refuse the config does so before any file is written."""
     device = world.device
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
                            cfg.train.batch_size, cfg.seed, world, memory_format, cfg.faults.worker_error_at,
                            cfg.faults.read_delay_ms)
-    precision = make_precision(cfg.precision, device)
+    hardware = probe(device)
+    precision = make_precision(cfg.precision, device, hardware)
     model = world.wrap(build(cfg.model, data_classes=len(loaders.classes)).to(device), cfg.distributed.sync_bn)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
                      precision, memory_format)
@@ -126,10 +131,10 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     writes = world.is_main  # the other ranks get objects that write nothing
     run = Run(model=model, optimizer=optimizer, scheduler=scheduler,
               criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing), precision=precision,
-              train_loader=loaders.train, val_loader=loaders.val, clock=make_clock(device, cfg.train.host_split),
+              loaders=loaders, clock=make_clock(device, cfg.train.host_split),
               sysmon=SystemMonitor(device), logger=build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
               profiler=build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
-              checkpoints=checkpoint.Checkpoints(run_dir, writes), stop=StopRequest(), world=world,
+              checkpoints=checkpoint.Checkpoints(run_dir, writes), stop=StopRequest(), world=world, hardware=hardware,
               log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
               identity=identity)
@@ -141,7 +146,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World):
     log.info("%s on %s (%d process%s): %d classes, %d train / %d val images, %d steps per epoch per process",
              cfg.model.name, device, world.size, "es" if world.size > 1 else "", len(loaders.classes),
              len(loaders.splits.train), len(loaders.splits.val), steps_per_epoch)
-    return run, loaders
+    return run
 
 
 def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
@@ -159,17 +164,18 @@ def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
         bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%, "
                             f"host {100 * window.host_frac:.0f}%")
         loss_sum.zero_()
+    run.loaders.share_unreadable(run.world)
     run.stop.check(run.world)  # every rank, every window: they stop together or not at all
 
 
 def train_one_epoch(run: Run, epoch: int) -> bool:
     """Train from where the epoch stands until the loader or train.max_steps runs out; True if it ended."""
     run.model.train()
-    run.train_loader.set_epoch(epoch, skip_images=run.images_in_epoch)
-    batches_left = len(run.train_loader)
+    run.loaders.train.set_epoch(epoch, skip_images=run.images_in_epoch)
+    batches_left = len(run.loaders.train)
     loss_sum = torch.zeros((), device=run.device)
     run.clock.start()
-    bar = tqdm(run.clock.timed(run.train_loader), total=batches_left, desc=f"epoch {epoch}", mininterval=2,
+    bar = tqdm(run.clock.timed(run.loaders.train), total=batches_left, desc=f"epoch {epoch}", mininterval=2,
                dynamic_ncols=True, disable=not run.world.is_main)
     for images, labels in bar:
         with run.precision.autocast():
@@ -191,25 +197,30 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
 
 
 def validate(run: Run) -> tuple[float, float]:
-    top1, top5 = evaluate(run.model, run.val_loader, run.precision, run.world, run.limit_val_batches)
+    top1, top5 = evaluate(run.model, run.loaders.val, run.precision, run.world, run.limit_val_batches)
     run.logger.scalars({"val/top1": top1, "val/top5": top5}, run.step)
     log.info("epoch %d step %d: val top-1 %.2f%%, top-5 %.2f%%", run.epoch, run.step, top1, top5)
     return top1, top5
 
 
-def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, loaders: Loaders) -> dict:
+def summarize(run: Run, cfg: DictConfig, top1: float, top5: float) -> dict:
     """The run's figures, every timing one from the same process (see report.run_totals), with the verdict."""
     total, system, timing_rank = run_totals(run.windows, run.world)
     hydra_cfg = HydraConfig.get()
     choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if not group.startswith("hydra")}
-    settings = Settings(loaders.num_workers, cfg.loader.prefetch_factor, cfg.loader.pin_memory, cfg.loader.persistent_workers,
-                        cfg.train.batch_size, cfg.train.log_every, cfg.precision, cfg.model.channels_last,
-                        cfg.model.compile, cfg.cudnn, cfg.data.crop_size, choices)
-    diagnosis = diagnose(total, system, run.device, settings)
+    settings = Settings(num_workers=run.loaders.num_workers, prefetch_factor=cfg.loader.prefetch_factor,
+                        pin_memory=cfg.loader.pin_memory, persistent_workers=cfg.loader.persistent_workers,
+                        batch_size=cfg.train.batch_size, log_every=cfg.train.log_every, precision=cfg.precision,
+                        channels_last=cfg.model.channels_last, compile=cfg.model.compile, cudnn=cfg.cudnn,
+                        crop_size=cfg.data.crop_size, choices=choices)
+    diagnosis = diagnose(total, system, run.hardware, settings)
     return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "host_ms": total.host_ms,
             "compute_ms": total.compute_ms, "data_frac": total.data_frac, "host_frac": total.host_frac,
             "bound": diagnosis.bound, "verdict": diagnosis.verdict, "advice": diagnosis.advice,
-            "val_top1": top1, "val_top5": top5, "steps": run.step, "skipped_files": loaders.skipped_files(run.world),
+            "suggestions": [suggestion.record() for suggestion in diagnosis.suggestions],
+            "withheld": [suggestion.record() for suggestion in diagnosis.withheld],
+            "hardware": run.hardware.record(),
+            "val_top1": top1, "val_top5": top5, "steps": run.step, "skipped_files": run.loaders.skipped_files(run.world),
             "skipped_steps": int(run.precision.skipped), "processes": run.world.size, "timing_rank": timing_rank,
             "choices": choices, "overrides": list(hydra_cfg.overrides.task), "system": system,
             "env": environment(run.device)}
@@ -248,7 +259,9 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     failures.worker_deaths_surface_in_next()
-    run, loaders = make_run(cfg, run_dir, world)
+    began = time.perf_counter()
+    run = make_run(cfg, run_dir, world)
+    run.logger.scalars({"time/setup_s": time.perf_counter() - began}, run.step)  # data, model, compile, workers=auto
     try:
         top1, top5 = run_epochs(run, cfg.train.epochs)
     except Preempted as stop:
@@ -262,7 +275,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     finally:  # every way out: the sampler thread and the TensorBoard writer end here
         run.clock.close()
         run.logger.close()
-    summary = summarize(run, cfg, top1, top5, loaders)
+    summary = summarize(run, cfg, top1, top5)
     if world.is_main:
         checkpoint.write_atomic(run_dir / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
         log.info("%s\nsummary: %s", format_report(summary), run_dir / "summary.json")

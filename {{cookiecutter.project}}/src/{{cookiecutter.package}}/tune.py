@@ -24,7 +24,6 @@ import hashlib
 import logging
 import math
 import os
-import re
 import statistics
 import sys
 import textwrap
@@ -45,15 +44,12 @@ from .data import TrainCrop
 from .format import META
 from .format.folder import open_tree
 from .pack import Convert, pack
-from .report import BOUND
-from .trials import Ranks, Trial, Trials, as_overrides, follow
+from .diagnosis import SIDES, faster_precision
+from .hardware import Hardware
+from .trials import Judge, Progress, Ranks, Trial, Trials, as_overrides, first_timed, follow
 
 log = logging.getLogger(__name__)
 
-# The switches tune may change: each changes how fast, never what is learned.
-SPEED_KEYS = re.compile(r"^(loader\.\w+|decoder(\.\w+)?|format(\.\w+)?|staging(\.\w+)?|prefetcher(\.\w+)?|precision"
-                        r"|model\.channels_last|model\.compile|cudnn)$")
-ADVISED = re.compile(r"\b([a-z_]+(?:\.[a-z_]+)?)=(\w+(?:\.\w+)*)")  # key=value in a line of advice
 COLUMNS = ("trial", "overrides", "images_per_s", "data_frac", "host_frac", "bound", "vs_start", "kept", "note")
 SAMPLE = 16  # images converted to time a pack before building it
 
@@ -93,7 +89,7 @@ class PackOffer:
 
 def pack_offer(cfg: DictConfig, summary: dict, ranks: Ranks) -> PackOffer | None:
     """The pack to decode once, for a data-bound run that decodes JPEGs from a folder on one node."""
-    if summary["bound"] != "data" or summary["choices"]["format"] != "folder":
+    if summary["bound"] != "data" or options.facts("format", summary["choices"]["format"]).packed:
         return None
     single_node = int(os.environ.get("LOCAL_WORLD_SIZE", ranks.size)) == ranks.size  # a pack on node 0 only
     source = build(cfg.data)
@@ -106,37 +102,73 @@ def sweep(key: str, values, current: str | None = None) -> list[dict[str, str]]:
     return [{key: str(value)} for value in dict.fromkeys(values) if str(value) != str(current)]
 
 
-def moves(summary: dict, cfg: DictConfig, offer: PackOffer | None) -> list[list[dict[str, str]]]:
-    """Groups of candidate changes, best bets first; each group is trialled before the best is reconsidered."""
-    gpu, cores, choices = summary["env"]["device"].startswith("cuda"), os.cpu_count() or 1, summary["choices"]
-    named: dict[str, list[str]] = {}
-    for line in summary["advice"]:
-        for key, value in ADVISED.findall(line):
-            # A packed format needs its pack first (the offer below); compiling on a CPU costs minutes.
-            if SPEED_KEYS.match(key) and not key.startswith("format") and (key, value) != ("decoder", "none") \
-                    and (gpu or key != "model.compile"):
-                named.setdefault(key, []).append(value)
-    data: list[list[dict[str, str]]] = []
-    if summary["bound"] == "data":
-        if offer is not None and (offer.ready or cfg.tune.allow_pack):
-            data.append([offer.change])
-        data.append(sweep("loader.num_workers", [1, 2, cores, 2 * cores], cfg.loader.num_workers))
-        if choices["format"] != "tensor":
-            data.append(sweep("decoder", [name for name in options.options("decoder") if name != "none"
-                                          and (gpu or not options.facts("decoder", name).gpu)
-                                          and not options.facts("decoder", name).missing()], choices["decoder"]))
-        data += [[{"loader.persistent_workers": "true"}], [{"loader.prefetch_factor": "4"}],
-                 sweep("prefetcher", ["thread", *(["cuda_stream"] if gpu else [])], choices["prefetcher"])]
-        if choices["format"] == "folder" and choices["staging"] == "none" and fits_in_ram(cfg):
-            data.append([{"staging": "tmpfs"}])
-    compute = [[{"precision": "bf16"}], [{"model.channels_last": "true"}]]
-    if gpu:  # on a CPU, compiling takes much of a short budget and seldom pays back within a trial
-        compute += [[{"model.compile": "true"}], [{"cudnn": "benchmark"}], [{"prefetcher": "cuda_stream"}]]
-    # Fixing a partial data bottleneck gains at most 1 / (1 - data_frac): below report.BOUND, a cheaper step
-    # may gain more, and makes the data wait matter more once taken.
-    partial = summary["data_frac"] < BOUND
-    groups = [sweep(key, values) for key, values in named.items()] + (compute + data if partial else data + compute)
-    return [group for group in groups if group]
+Group = list[dict[str, str]]  # candidate changes trialled one after another before the best is reconsidered
+
+
+def neighbours(summary: dict, cfg: DictConfig, hardware: Hardware, offer: PackOffer | None) -> dict[str, list[Group]]:
+    """By the side of the step they shorten, the switches worth measuring beyond those the verdict names;
+    only those this hardware can profit from."""
+    choices, cores = summary["choices"], hardware.cores
+    picked = {group: options.facts(group, option) for group, option in choices.items()
+              if (options.CONF / group / f"{option}.yaml").is_file()}
+    data: list[Group] = []
+    if offer is not None and (offer.ready or cfg.tune.allow_pack):
+        data.append([offer.change])
+    # Workers waiting on reads are nearly free: up to twice the cores.
+    data.append(sweep("loader.num_workers", [1, 2, cores, 2 * cores], cfg.loader.num_workers))
+    if not picked["format"].holds_pixels:
+        data.append(sweep("decoder", [name for name in options.options("decoder")
+                                      if not (facts := options.facts("decoder", name)).takes_pixels
+                                      and (hardware.on_gpu or not facts.gpu) and not facts.missing()],
+                          choices["decoder"]))
+    data += [[{"loader.persistent_workers": "true"}], [{"loader.prefetch_factor": "4"}],
+             sweep("prefetcher", [name for name in options.options("prefetcher")
+                                  if not (facts := options.facts("prefetcher", name)).ceiling
+                                  and (hardware.on_gpu or not facts.gpu)], choices["prefetcher"])]
+    if not picked["format"].packed and not picked["staging"].copies_to_ram and fits_in_ram(cfg):
+        data += [[{"staging": option}] for option in options.having("staging", "copies_to_ram")]
+    compute: list[Group] = []
+    faster = faster_precision(hardware)
+    if faster != "fp32":
+        compute.append([{"precision": faster}])
+    compute.append([{"model.channels_last": "true"}])  # measured, where the hardware facts do not settle it
+    if hardware.on_gpu:  # on a CPU, compiling takes much of a short budget and seldom pays back within a trial
+        compute += [[{"model.compile": "true"}], [{"cudnn": "benchmark"}],
+                    *([{"prefetcher": option}] for option in options.having("prefetcher", "overlaps_copy"))]
+    return {"data": data, "host": [], "compute": compute}
+
+
+def moves(summary: dict, cfg: DictConfig, offer: PackOffer | None) -> tuple[list[Group], list[tuple[dict, str]]]:
+    """Groups of candidate changes in the order they can gain, and the changes left out, each with why.
+
+    Removing a side's share s of the step gains at most 1 / (1 - s): the data wait on a data-bound run, the
+    compute share on a compute-bound one. The bound's side comes first, then the others by what they can
+    gain; a side that cannot gain tune.min_gain is left out. Within a side, the switches the verdict names
+    (the run's suggestions) come before the neighbours tune measures on its own. The verdict's withheld
+    switches, which this hardware would run slower, are never tried.
+    """
+    hardware = Hardware.from_record(summary["hardware"])
+    advised: dict[str, list[Group]] = {side: [] for side in SIDES}
+    for suggestion in summary["suggestions"]:
+        if suggestion["tunable"] and suggestion["value"] is not None:
+            advised[suggestion["side"]].append([{suggestion["key"]: suggestion["value"], **suggestion["also"]}])
+    found = neighbours(summary, cfg, hardware, offer)
+    shares = {"data": summary["data_frac"], "host": summary["host_frac"]}
+    shares["compute"] = max(0.0, 1 - shares["data"] - shares["host"])
+    gains = {side: 1 / max(1e-9, 1 - share) for side, share in shares.items()}
+    order = [summary["bound"], *sorted((side for side in SIDES if side != summary["bound"]), key=gains.get,
+                                        reverse=True)]
+    groups, left_out = [], [({held["key"]: held["value"]}, f"{held['why']} ({held['fact']})")
+                            for held in summary.get("withheld", [])]
+    for side in order:
+        candidates = [group for group in advised[side] + found[side] if group]
+        if side != summary["bound"] and gains[side] - 1 < cfg.tune.min_gain:
+            left_out += [(change, f"{side}-side: removing all of the {side} share ({100 * shares[side]:.0f}%) gains "
+                                  f"at most x{gains[side]:.2f}, less than tune.min_gain") for group in candidates
+                         for change in group]
+            continue
+        groups += candidates
+    return groups, left_out
 
 
 def fits_in_ram(cfg: DictConfig) -> bool:
@@ -211,16 +243,40 @@ def upper_bound(config: Config, sigma: float) -> float:
     return config.rate * (1 + CONFIDENCE * sigma / math.sqrt(len(config.measured)))
 
 
+def slower_than(best: Config, start: Config, sigma: float, settings: DictConfig) -> Judge:
+    """Stops a trial as soon as it is clearly slower than `best`: its first timed window below the best's rate by
+    more than the noise allows, or its training (after a set-up of its own) twice as long as the start's.
+
+    One window spreads about sqrt(windows per trial) times more than a trial's mean, the noise measured."""
+    windows = max(1, settings.steps // settings.log_every - 1)
+    floor = best.rate * (1 - max(2 * settings.min_gain, CONFIDENCE * sigma * math.sqrt(windows)))
+    start_training_s = statistics.fmean(trial.seconds - trial.setup_s for trial in start.measured)
+
+    def judge(progress: Progress, elapsed: float) -> str | None:
+        timed = first_timed(progress)
+        if timed and timed["images_per_s"] < floor:
+            return (f"its first timed window ran at {timed['images_per_s']:.1f} images/s, below {floor:.1f}: the best "
+                    f"so far ({best.rate:.1f}) less the noise allowed")
+        setup_s = progress.setup_s
+        if setup_s and elapsed - setup_s > 2 * start_training_s:
+            return (f"its training took longer than {2 * start_training_s:.0f} s, twice the start's, without a timed "
+                    "window as fast as the best")
+        return None
+
+    return judge
+
+
 def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
     """Trial the start, then candidates as `moves` plans them. A configuration becomes the best when the mean of
-    two or more of its trials beats the best's by more than the noise allows. The budget the plan leaves goes to
-    more trials of the best and of each configuration whose mean might still beat it, fewest trials first."""
+    two or more of its trials beats the best's by more than the noise allows; one clearly slower is stopped
+    early. The budget the plan leaves goes to more trials of the best and of each configuration whose mean might
+    still beat it, fewest trials first."""
     settings = cfg.tune
     start = Config({})
     configs, path = {(): start}, [start]  # every configuration tried; the bests, in turn
 
-    def run(config: Config) -> None:
-        config.trials.append(log_trial(trials.run(config.settings)))
+    def run(config: Config, judge: Judge | None = None) -> None:
+        config.trials.append(log_trial(trials.run(config.settings, judge)))
 
     for _ in range(settings.repeats):
         run(start)
@@ -230,21 +286,22 @@ def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
     if offer is not None and not offer.ready and not settings.allow_pack:
         log_trial(trials.record(Trial(len(trials.done), offer.change, note="proposed, not built (or pass "
                                                                             f"tune.allow_pack=true): {offer.command}")))
-    plan = moves(best.last.summary, cfg, offer)
+    plan, left_out = moves(best.last.summary, cfg, offer)
     while trials.time_left():
         sigma = noise(configs.values())
-        rivals = sorted((config for config in configs.values()  # one that failed once is no rival
+        judge = slower_than(best, start, sigma, settings)
+        rivals = sorted((config for config in configs.values()  # one that failed or was stopped once is no rival
                          if config is not best and config.trials and all(trial.summary for trial in config.trials)),
                         key=lambda config: config.rate, reverse=True)
         rival = rivals[0] if rivals else None
         needed = margin(best, rival, sigma, settings.min_gain) if rival is not None else 0.0
         if rival is not None and rival.rate > best.rate * (1 + needed):
             if len(rival.measured) < 2:  # one fast trial may be luck
-                run(rival)
+                run(rival, judge)
                 continue
             best = rival
             path.append(best)
-            plan = moves(best.last.summary, cfg, offer)  # what lost before may win on top of it
+            plan, left_out = moves(best.last.summary, cfg, offer)  # what lost before may win on top of it
         elif plan:
             for change in plan.pop(0):
                 overrides = {**best.settings, **change}
@@ -257,7 +314,7 @@ def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
                 if note:
                     config.trials.append(log_trial(trials.record(Trial(len(trials.done), config.settings, note=note))))
                 else:
-                    run(config)
+                    run(config, judge)
         else:  # the plan is done: more trials for what could still beat the best, and for the best itself
             hopeful = [config for config in rivals if upper_bound(config, sigma) > best.rate]
             unsettled = [config for config in ([best] if hopeful else []) + hopeful if len(config.measured) < MAX_SAMPLES]
@@ -267,9 +324,12 @@ def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
     for config in path[1:]:
         for trial in config.measured:
             trial.kept = True
+    unreached = [(change, "not reached: the budget ran out first") for group in plan for change in group
+                 if tuple(sorted({**best.settings, **change}.items())) not in configs
+                 and changes_something(change, best, cfg)]
     repeated = sum(len(config.measured) > 1 for config in configs.values())
     return {"trials": trials.done, "noise": noise(configs.values()), "repeated": repeated, "start": start,
-            "best": best, "offer": offer}
+            "best": best, "offer": offer, "left_out": left_out + unreached}
 
 
 def log_trial(trial: Trial) -> Trial:
@@ -295,10 +355,11 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
     """tune.csv, tune.md, tune.png and experiment/tuned.yaml; the before/after line, the command and the table."""
     start, best = result["start"], result["best"]
     rows = [{"trial": trial.number, "overrides": " ".join(as_overrides(trial.change)) or "(start)",
-             "images_per_s": round(trial.rate, 1), "data_frac": round(trial.summary.get("data_frac", 0.0), 3),
-             "host_frac": round(trial.summary.get("host_frac", 0.0), 3), "bound": trial.summary.get("bound", ""),
-             "vs_start": round(trial.rate / start.rate, 2), "kept": "yes" if trial.kept else "",
-             "note": trial.note} for trial in result["trials"]]
+             "images_per_s": round(trial.figures.get("images_per_s", 0.0), 1),
+             "data_frac": round(trial.figures.get("data_frac", 0.0), 3),
+             "host_frac": round(trial.figures.get("host_frac", 0.0), 3), "bound": trial.summary.get("bound", ""),
+             "vs_start": round(trial.figures.get("images_per_s", 0.0) / start.rate, 2),
+             "kept": "yes" if trial.kept else "", "note": trial.note} for trial in result["trials"]]
     with open(run_dir / "tune.csv", "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=COLUMNS)
         writer.writeheader()
@@ -326,6 +387,7 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
              *(f"| {row['trial']} | {row['overrides']} | {row['images_per_s']} | {100 * row['data_frac']:.0f}% | "
                f"{100 * row['host_frac']:.0f}% | {row['bound']} | {row['vs_start']:.2f} | {row['kept']} | {row['note']} |"
                for row in rows)]
+    left_out = [f"- `{' '.join(as_overrides(change))}`: {why}" for change, why in result["left_out"]]
     offer = result["offer"]
     proposal = [] if offer is None or offer.ready else [
         f"Decoding once may help further: `{offer.command}`, then tune again (or pass tune.allow_pack=true).", ""]
@@ -335,7 +397,8 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
         f"over the {result['repeated']} configurations trialled more than once). A configuration replaces the best "
         f"so far only when the mean of two or more of its trials is faster by {CONFIDENCE:.0f} standard errors of "
         "the difference, and by tune.min_gain at least.",
-        "", *table, "", before_after, "", *proposal, f"Train with it: `{command}`", "",
+        "", *table, "", before_after, "",
+        *(["Not tried:", *left_out, ""] if left_out else []), *proposal, f"Train with it: `{command}`", "",
         "Only speed switches were tried: the model, batch size per process, learning rate, crop size and "
         "augmentation are unchanged.", ""]))
     return before_after, command, "\n".join(table)
@@ -354,12 +417,12 @@ def chart(trials: list[Trial], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    measured = [trial for trial in trials if trial.summary]
+    measured = [trial for trial in trials if trial.figures]
     labels = [chart_label(trial) for trial in measured]
     figure, axes = plt.subplots(figsize=(10, 0.6 * len(measured) + 1.5))
     left = [0.0] * len(measured)
     for part, colour in (("data_ms", "tab:red"), ("host_ms", "tab:orange"), ("compute_ms", "tab:blue")):
-        widths = [trial.summary[part] for trial in measured]
+        widths = [trial.figures[part] for trial in measured]
         axes.barh(labels, widths, left=left, color=colour, label=part.removesuffix("_ms"))
         left = [a + b for a, b in zip(left, widths)]
     axes.invert_yaxis()
@@ -382,9 +445,10 @@ def tune(cfg: DictConfig, run_dir: Path, given: list[str], ranks: Ranks) -> None
     finally:
         trials.finish()
     before_after, command, table = write_outputs(result, run_dir, given)
-    log.info("\n%s\n\n%s\ntrain with it: %s\nwritten: %s (tune.md, tune.csv, tune.png, experiment/tuned.yaml)\n"
+    log.info("\n%s\n\n%s\n%s\ntrain with it: %s\nwritten: %s (tune.md, tune.csv, tune.png, experiment/tuned.yaml)\n"
              "Only speed switches were tried: the model, batch size, learning rate, crop and augmentation are "
-             "unchanged.", table, before_after, command, run_dir)
+             "unchanged.", table, before_after, "".join(f"not tried: {' '.join(as_overrides(change))}: {why}\n"
+                                                        for change, why in result["left_out"]), command, run_dir)
 
 
 @hydra.main(version_base="1.3", config_path=str(options.CONF), config_name="tune")

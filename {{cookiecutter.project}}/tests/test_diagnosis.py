@@ -1,0 +1,215 @@
+"""The verdict follows the measured three-way split, the system load and the hardware; its suggestions are
+records whose switches exist, each with the fact behind it. Machines are described, never assumed."""
+import re
+
+import pytest
+
+from conftest import AVX2, MACHINES, SM70, SM90
+
+from {{ cookiecutter.package }}.clock import Window
+from {{ cookiecutter.package }}.diagnosis import Settings, bound, diagnose
+from {{ cookiecutter.package }}.hardware import Hardware
+
+DEFAULTS = Settings(num_workers=2, prefetch_factor=2, pin_memory=True, persistent_workers=False)
+
+
+def window(data_frac: float, host_frac: float = 0.0) -> Window:
+    return Window(steps=10, images=640, wall_s=1.0, data_s=data_frac, host_s=host_frac)
+
+
+def settings(**changes) -> Settings:
+    return Settings(**{**vars(DEFAULTS), **changes})
+
+
+def cores(hardware: Hardware, count: int) -> Hardware:
+    return Hardware(**{**vars(hardware), "cores": count})
+
+
+def switches(diagnosis) -> set[str]:
+    return {f"{suggestion.key}={suggestion.value}" for suggestion in diagnosis.suggestions}
+
+
+@pytest.mark.parametrize(("data", "host", "expected"), [
+    (0.02, 0.0, "compute"), (0.09, 0.09, "compute"), (0.12, 0.05, "data"), (0.05, 0.15, "host"),
+    (0.6, 0.2, "data"), (0.2, 0.25, "host")])
+def test_bound_is_the_larger_noticeable_idle_share(data, host, expected):
+    assert bound(window(data, host)) == expected
+
+
+def test_compute_bound():
+    diagnosis = diagnose(window(0.02), {"sys/cpu_util": 50.0}, cores(AVX2, 8), DEFAULTS)
+    assert diagnosis.bound == "compute"
+    assert diagnosis.verdict.startswith("Data loading is not the bottleneck") and "2%" in diagnosis.verdict
+    assert any("train.batch_size" in line for line in diagnosis.advice)
+
+
+@pytest.mark.parametrize(("machine", "faster", "held"), [
+    ("avx2", None, "precision=bf16"), ("avx512_bf16", "precision=bf16", None), ("sm61", None, "precision=bf16"),
+    ("sm70", "precision=fp16", "precision=bf16"), ("sm90", "precision=bf16", None)])
+def test_a_precision_is_suggested_only_where_the_hardware_computes_it_natively(machine, faster, held):
+    hardware = MACHINES[machine]
+    diagnosis = diagnose(window(0.02), {"sys/cpu_util": 50.0}, hardware, DEFAULTS)
+    precisions = {switch for switch in switches(diagnosis) if switch.startswith("precision=")}
+    assert precisions == ({faster} if faster else set())
+    assert {f"{held_back.key}={held_back.value}" for held_back in diagnosis.withheld} == ({held} if held else set())
+    if not hardware.native_bf16:
+        assert not any("precision=bf16" in line for line in diagnosis.advice), "nothing advises bf16 where emulated"
+    suggestion = next((suggestion for suggestion in diagnosis.suggestions if suggestion.key == "precision"), None)
+    if suggestion:  # the fact names the hardware that makes it apply
+        assert (hardware.gpu or hardware.cpu) in suggestion.fact and suggestion.tunable
+
+
+def test_precision_bf16_where_it_is_emulated_is_advised_back_to_fp32():
+    diagnosis = diagnose(window(0.02), {}, AVX2, settings(precision="bf16"))
+    precision = next(suggestion for suggestion in diagnosis.suggestions if suggestion.key == "precision")
+    assert precision.value == "fp32" and "emulated" in precision.fact and "AMD EPYC" in precision.fact
+
+
+def test_the_tensor_core_switches_need_tensor_cores():
+    for machine in ("avx2", "avx512_bf16", "sm61"):
+        named = switches(diagnose(window(0.02, 0.01), {}, MACHINES[machine], DEFAULTS))
+        assert not named & {"model.channels_last=true", "model.compile=true", "cudnn=benchmark"}, machine
+    for machine in ("sm70", "sm90"):
+        named = switches(diagnose(window(0.02, 0.01), {}, MACHINES[machine], DEFAULTS))
+        assert {"model.channels_last=true", "model.compile=true", "cudnn=benchmark"} <= named, machine
+
+
+def test_cudnn_benchmark_rests_on_fixed_shapes():
+    benchmark = next(suggestion for suggestion in diagnose(window(0.02), {}, SM90, DEFAULTS).suggestions
+                     if suggestion.key == "cudnn")
+    assert "one shape" in benchmark.fact and "224 pixels" in benchmark.fact
+
+
+def test_compute_bound_gpu_names_the_compute_switches_not_yet_on():
+    advice = diagnose(window(0.02, 0.01), {}, SM90, DEFAULTS).advice
+    for switch in ("precision=bf16", "model.channels_last=true", "model.compile=true", "cudnn=benchmark"):
+        assert any(switch in line for line in advice), switch
+    tuned = settings(precision="bf16", channels_last=True, compile=True, cudnn="benchmark")
+    advice = diagnose(window(0.02, 0.01), {}, SM90, tuned).advice
+    assert len(advice) == 1 and "Compute sets the pace" in advice[0]
+
+
+def test_host_bound_gpu_asks_for_fewer_launches_and_syncs_not_for_loader_switches():
+    diagnosis = diagnose(window(0.03, 0.55), {"sys/cpu_util": 20.0}, cores(SM90, 8), settings(precision="fp16"))
+    assert diagnosis.bound == "host"
+    assert diagnosis.verdict.startswith("The host is the bottleneck: the GPU sat idle 55% of the time")
+    for switch in ("model.compile=true", "train.batch_size", "model.channels_last=true", "precision=bf16",
+                   "train.log_every"):
+        assert any(switch in line for line in diagnosis.advice), switch
+    assert not any("loader." in line or "decoder=" in line or "prefetcher=" in line for line in diagnosis.advice)
+    compiled = diagnose(window(0.03, 0.2), {}, cores(SM90, 8), settings(compile=True, log_every=100))
+    assert "a partial bottleneck" in compiled.verdict
+    assert not any("model.compile" in line or "train.log_every" in line for line in compiled.advice)
+    before_ampere = diagnose(window(0.03, 0.55), {}, SM70, settings(precision="fp16"))
+    assert not any("precision=bf16" in line for line in before_ampere.advice), "fp16 stays: no bf16 tensor cores"
+
+
+def test_both_idle_shares_noticeable_give_both_kinds_of_advice_the_bound_first():
+    advice = diagnose(window(0.2, 0.3), {"sys/cpu_util": 30.0}, SM90, DEFAULTS).advice
+    host_line = next(i for i, line in enumerate(advice) if "model.compile" in line)
+    data_line = next(i for i, line in enumerate(advice) if "loader.num_workers=16" in line)
+    assert host_line < data_line
+
+
+@pytest.mark.parametrize("count", [2, 64])
+def test_data_bound_with_idle_cores_asks_for_one_worker_per_core_this_process_has(count):
+    diagnosis = diagnose(window(0.6), {"sys/cpu_util": 30.0, "sys/iowait": 0.0}, cores(SM90, count),
+                         settings(num_workers=1))
+    assert diagnosis.bound == "data"
+    assert diagnosis.verdict.startswith("Data loading is the bottleneck") and "60%" in diagnosis.verdict
+    workers = next(suggestion for suggestion in diagnosis.suggestions if suggestion.key == "loader.num_workers")
+    assert workers.value == str(count) and f"{count} cores" in workers.fact and "30% busy" in workers.fact
+    assert any("loader.persistent_workers=true" in line for line in diagnosis.advice)
+    assert not any("model.compile" in line for line in diagnosis.advice)
+    enough = diagnose(window(0.6), {"sys/cpu_util": 30.0}, cores(SM90, count), settings(num_workers=count))
+    assert "loader.num_workers" not in {suggestion.key for suggestion in enough.suggestions}
+
+
+def test_data_bound_on_saturated_cpu_does_not_ask_for_workers():
+    advice = diagnose(window(0.6), {"sys/cpu_util": 97.0, "sys/iowait": 0.0}, SM90, DEFAULTS).advice
+    assert any("saturated" in line for line in advice)
+    assert not any("loader.num_workers" in line for line in advice)
+
+
+def test_disk_bound_points_at_storage():
+    advice = diagnose(window(0.5), {"sys/cpu_util": 30.0, "sys/iowait": 40.0}, SM90, DEFAULTS).advice
+    assert "iowait 40%" in advice[0]
+
+
+def test_partial_bottleneck_and_pageable_copies():
+    loader = settings(pin_memory=False, persistent_workers=True)
+    diagnosis = diagnose(window(0.2), {"sys/cpu_util": 30.0}, cores(SM90, 4), loader)
+    assert "a partial bottleneck" in diagnosis.verdict
+    assert any("loader.pin_memory=true" in line for line in diagnosis.advice)
+    assert not any("persistent_workers" in line for line in diagnosis.advice)
+    on_a_cpu = diagnose(window(0.2), {"sys/cpu_util": 30.0}, AVX2, loader)
+    assert not {"loader.pin_memory", "prefetcher"} & {suggestion.key for suggestion in on_a_cpu.suggestions}
+
+
+def test_saturated_cpu_points_at_lighter_decoding_that_the_run_does_not_use_yet():
+    busy = {"sys/cpu_util": 97.0, "sys/iowait": 0.0}
+    advice = diagnose(window(0.6), busy, SM90, settings(choices={"decoder": "pil", "format": "folder"})).advice
+    assert any("decoder=turbojpeg" in line for line in advice)
+    assert any("decoder=nvjpeg" in line for line in advice)
+    assert any("format=tensor" in line for line in advice)
+    on_a_cpu = diagnose(window(0.6), busy, AVX2, settings(choices={"decoder": "pil", "format": "folder"})).advice
+    assert not any("decoder=nvjpeg" in line or "decoder=dali" in line for line in on_a_cpu), "no GPU to decode on"
+    tensor = settings(choices={"decoder": "none", "format": "tensor"})
+    advice = diagnose(window(0.6), busy, AVX2, tensor).advice
+    assert not any("decoder=" in line for line in advice) and any("Nothing is decoded" in line for line in advice)
+
+
+def test_disk_bound_points_at_staging_and_packing_unless_already_used():
+    disk = {"sys/cpu_util": 30.0, "sys/iowait": 40.0}
+    advice = diagnose(window(0.5), disk, SM90, settings(choices={"staging": "none", "format": "folder"})).advice
+    assert any("staging=tmpfs" in line for line in advice) and any("format=lmdb" in line for line in advice)
+    advice = diagnose(window(0.5), disk, SM90, settings(choices={"staging": "tmpfs", "format": "lmdb"})).advice
+    assert not any("staging=tmpfs" in line or "format=lmdb" in line for line in advice)
+
+
+def test_every_suggestion_is_a_record_with_its_fact_and_its_line_is_rendered_from_it():
+    cases = [window(0.02), window(0.6), window(0.02, 0.6)]
+    systems = [{}, {"sys/cpu_util": 30.0}, {"sys/cpu_util": 97.0}, {"sys/iowait": 50.0}]
+    for hardware in MACHINES.values():
+        for total in cases:
+            for system in systems:
+                diagnosis = diagnose(total, system, hardware, settings(precision="fp16" if hardware.on_gpu else "fp32"))
+                assert len(diagnosis.advice) == len(diagnosis.suggestions)
+                for suggestion, line in zip(diagnosis.suggestions, diagnosis.advice):
+                    assert suggestion.fact and suggestion.side in ("data", "host", "compute")
+                    assert line.endswith(f"({suggestion.fact}).") and line.startswith(suggestion.why)
+                    assert all(f"{key}={value}" in line for key, value in suggestion.change.items())
+
+
+def test_the_same_measurements_give_the_same_suggestions():
+    first = diagnose(window(0.4), {"sys/cpu_util": 40.0}, SM90, DEFAULTS)
+    again = diagnose(window(0.4), {"sys/cpu_util": 40.0}, SM90, DEFAULTS)
+    assert first == again
+
+
+def test_every_switch_the_advice_names_exists():
+    """Every group=option and key=value of any suggestion, on any described machine, is a real option or key."""
+    from conftest import CONF
+    from omegaconf import OmegaConf
+
+    keys = OmegaConf.merge(OmegaConf.load(CONF / "train.yaml"), OmegaConf.load(CONF / "pack.yaml"),
+                           {"model": OmegaConf.load(CONF / "model/torchvision.yaml"),
+                            "optim": OmegaConf.load(CONF / "optim/sgd.yaml")})
+    cases = [window(0.02), window(0.6), window(0.02, 0.6), window(0.6)]
+    systems = [{}, {"sys/cpu_util": 30.0}, {"sys/cpu_util": 97.0}, {"sys/iowait": 50.0}]
+    starting = Settings(num_workers=1, prefetch_factor=2, pin_memory=False, persistent_workers=False, precision="fp16")
+    suggestions = [suggestion for total in cases for system in systems for hardware in MACHINES.values()
+                   for suggestion in diagnose(total, system, hardware, starting).suggestions]
+    named = {suggestion.key for suggestion in suggestions} | {key for s in suggestions for key in s.also}
+    assert {"decoder", "format", "staging", "prefetcher", "loader.num_workers", "model.compile",
+            "model.channels_last", "precision", "cudnn"} <= named
+    for suggestion in suggestions:
+        for key, value in [(suggestion.key, suggestion.value), *suggestion.also.items()]:
+            if (CONF / key).is_dir():
+                assert (CONF / key / f"{value}.yaml").is_file(), (key, value)
+            else:
+                assert OmegaConf.select(keys, key, default="absent") != "absent", key
+    lines = " ".join(suggestion.line() for suggestion in suggestions)
+    for key in ("train.batch_size", "train.log_every", "optim.lr"):  # named without a value
+        assert key in lines and OmegaConf.select(keys, key, default="absent") != "absent", key
+    assert not re.search(r"=None\b", lines)

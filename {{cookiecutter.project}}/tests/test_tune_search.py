@@ -1,0 +1,173 @@
+"""tune's plan and search driven by scripted trial results: what it tries first, what it never tries on a
+machine, how soon it stops a slower trial, and what it says it left out. No training runs here."""
+import json
+
+import pytest
+from conftest import AVX2, AVX512_BF16, SM70
+
+from {{ cookiecutter.package }}.clock import Window
+from {{ cookiecutter.package }}.diagnosis import Settings, diagnose
+from {{ cookiecutter.package }}.trials import Progress, Trial, first_timed
+from {{ cookiecutter.package }}.tune import Config, moves, search, slower_than
+
+CHOICES = {"format": "folder", "decoder": "pil", "prefetcher": "none", "staging": "none"}
+
+
+def scripted_summary(hardware, settings: dict[str, str], rate: float, data_frac: float) -> dict:
+    """A trial's summary.json as train writes it, its verdict from diagnose itself."""
+    choices = {**CHOICES, **{key: value for key, value in settings.items() if "." not in key}}
+    total = Window(steps=10, images=int(rate * 10), wall_s=10.0, data_s=10 * data_frac)
+    diagnosis = diagnose(total, {"sys/cpu_util": 50.0}, hardware, Settings(
+        num_workers=int(settings.get("loader.num_workers", 0)), prefetch_factor=4, pin_memory=True,
+        persistent_workers=True, precision=settings.get("precision", "fp32"), choices=choices))
+    return {"images_per_s": rate, "data_frac": data_frac, "host_frac": 0.0, "bound": diagnosis.bound,
+            "data_ms": 1.0, "host_ms": 0.0, "compute_ms": 1.0, "choices": choices, "env": {"device": hardware.device},
+            "hardware": hardware.record(), "suggestions": [suggestion.record() for suggestion in diagnosis.suggestions],
+            "withheld": [suggestion.record() for suggestion in diagnosis.withheld]}
+
+
+class ScriptedProgress:
+    """What a running trial's logger=jsonl file would show: its set-up, then windows at `rate`."""
+
+    def __init__(self, rate: float, setup_s: float = 2.0):
+        window = {"throughput/images_per_s": rate, "time/data_frac": 0.1, "time/host_frac": 0.0,
+                  "time/data_ms": 1.0, "time/host_ms": 0.0, "time/compute_ms": 1.0}
+        self.setup_s, self.windows = setup_s, [window, window, window]
+
+
+class ScriptedTrials:
+    """Trials whose outcome `speed(settings) -> (images/s, data share)` decides, `budget` of them at most."""
+
+    def __init__(self, hardware, speed, budget: int = 30):
+        self.hardware, self.speed, self.budget = hardware, speed, budget
+        self.done, self.longest, self.judged = [], 10.0, []
+
+    def time_left(self, extra_s: float = 0.0) -> bool:
+        return len(self.done) < self.budget
+
+    def seconds_left(self) -> float:
+        return 600.0
+
+    def record(self, trial: Trial) -> Trial:
+        self.done.append(trial)
+        return trial
+
+    def run(self, settings: dict[str, str], judge=None) -> Trial:
+        rate, data_frac = self.speed(settings)
+        trial = Trial(len(self.done), settings, seconds=10.0, setup_s=2.0)
+        progress = ScriptedProgress(rate)
+        reason = judge(progress, elapsed=4.0) if judge else None
+        if reason:
+            self.judged.append(settings)
+            trial.note, trial.window = f"stopped: {reason}", first_timed(progress)
+        else:
+            trial.summary = scripted_summary(self.hardware, settings, rate, data_frac)
+        return self.record(trial)
+
+
+def changes(groups) -> list[dict[str, str]]:
+    return [change for group in groups for change in group]
+
+
+def test_on_a_data_bound_run_workers_and_decoders_come_before_compute_and_emulated_bf16_never(compose_tiny_tune):
+    cfg = compose_tiny_tune()
+    groups, left_out = moves(scripted_summary(AVX2, {}, 50.0, 0.5), cfg, None)
+    order = changes(groups)
+    first_compute = next(index for index, change in enumerate(order) if {"precision", "model.channels_last"} & set(change))
+    assert next(index for index, change in enumerate(order) if "loader.num_workers" in change) < first_compute
+    assert next(index for index, change in enumerate(order) if "decoder" in change) < first_compute
+    assert {"precision": "bf16"} not in order
+    assert any(change == {"precision": "bf16"} and "emulated" in why for change, why in left_out)
+
+
+def test_on_native_bf16_a_compute_bound_run_tries_bf16_first_and_leaves_out_the_data_side(compose_tiny_tune):
+    cfg = compose_tiny_tune()
+    groups, left_out = moves(scripted_summary(AVX512_BF16, {"loader.num_workers": "8"}, 50.0, 0.02), cfg, None)
+    assert groups[0] == [{"precision": "bf16"}]
+    assert not any("loader.num_workers" in change for change in changes(groups))
+    assert any("loader.num_workers" in change and "gains at most x1.02" in why for change, why in left_out)
+
+
+def test_before_ampere_the_compute_side_tries_fp16_not_bf16(compose_tiny_tune):
+    groups, _ = moves(scripted_summary(SM70, {"loader.num_workers": "8"}, 50.0, 0.02), compose_tiny_tune(), None)
+    precisions = [change["precision"] for change in changes(groups) if "precision" in change]
+    assert precisions and set(precisions) == {"fp16"}
+
+
+def test_search_keeps_more_workers_stops_slower_candidates_early_and_says_what_it_left_out(compose_tiny_tune):
+    cfg = compose_tiny_tune("tune.repeats=2", "tune.min_gain=0.05")
+
+    def speed(settings):  # workers double the rate and end the data wait; any decoder change halves it
+        workers = int(settings.get("loader.num_workers", 0))
+        rate, data = (100.0, 0.05) if workers >= 2 else (50.0, 0.5)
+        return (rate / 2, data) if "decoder" in settings else (rate, data)
+
+    trials = ScriptedTrials(AVX2, speed)
+    result = search(cfg, trials, lambda summary: None)
+    assert result["best"].settings.get("loader.num_workers") in ("2", "4")
+    assert result["best"].rate == pytest.approx(100.0)
+    stopped = [trial for trial in result["trials"] if trial.note.startswith("stopped")]
+    assert any("decoder" in trial.change for trial in stopped)
+    assert all(trial.window["images_per_s"] <= 50 for trial in stopped), "only the clearly slower ones"
+    assert all(not trial.summary for trial in stopped) and not any(trial.kept for trial in stopped)
+    assert not any(trial.change.get("precision") == "bf16" for trial in result["trials"])
+    assert any(change == {"precision": "bf16"} for change, _ in result["left_out"])
+
+
+def test_search_says_what_the_budget_did_not_reach(compose_tiny_tune):
+    cfg = compose_tiny_tune("tune.repeats=2")
+    trials = ScriptedTrials(AVX2, lambda settings: (50.0, 0.5), budget=3)
+    result = search(cfg, trials, lambda summary: None)
+    assert len(result["trials"]) == 3
+    assert any(why == "not reached: the budget ran out first" for _, why in result["left_out"])
+
+
+def written_progress(tmp_path, setup_s: float, *rates: float) -> Progress:
+    lines = [{"step": 0, "time/setup_s": setup_s}, *({"step": 5 * (index + 1), "throughput/images_per_s": rate,
+                                                      "time/data_frac": 0.1, "time/host_frac": 0.0, "time/data_ms": 1,
+                                                      "time/host_ms": 0, "time/compute_ms": 9}
+                                                     for index, rate in enumerate(rates))]
+    (tmp_path / "scalars.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"step": 2')
+    return Progress(tmp_path)
+
+
+def test_a_trial_is_stopped_once_its_first_timed_window_is_clearly_slower_or_its_training_twice_as_long(
+        tmp_path, compose_tiny_tune):
+    settings = compose_tiny_tune("tune.steps=20", "tune.log_every=5", "tune.min_gain=0.05").tune
+    start = Config({}, [Trial(0, {}, summary={"images_per_s": 100.0}, seconds=30.0, setup_s=5.0)])
+    judge = slower_than(start, start, sigma=0.01, settings=settings)  # floor: 100 x (1 - max(0.1, 0.035)) = 90
+    assert judge(written_progress(tmp_path, 5.0, 300.0, 80.0), elapsed=12.0).startswith(
+        "its first timed window ran at 80.0 images/s, below 90.0")
+    assert judge(written_progress(tmp_path, 5.0, 300.0, 95.0), elapsed=12.0) is None
+    assert judge(written_progress(tmp_path, 5.0, 300.0), elapsed=12.0) is None, "no timed window yet"
+    assert judge(written_progress(tmp_path, 5.0), elapsed=5.0 + 2 * 25.0 + 1).startswith(
+        "its training took longer than 50 s, twice the start's")
+    long_setup = written_progress(tmp_path, 60.0)  # a set-up of its own (compiling, say) is not held against it
+    assert judge(long_setup, elapsed=60.0 + 2 * 25.0 - 1) is None
+    noisy = slower_than(start, start, sigma=0.1, settings=settings)  # 100 x (1 - 2 x 0.1 x sqrt(3)) = 65.4
+    assert noisy(written_progress(tmp_path, 5.0, 300.0, 80.0), elapsed=12.0) is None
+
+
+class ScriptedOffer:
+    """Decoding once, as tune offers it: built on demand, then trialled like any change."""
+    change = {"format": "tensor", "decoder": "none", "format.path": "/packs/set-tensor-262"}
+    command = "python -m pkg.pack ..."
+    ready = False
+
+    def build(self, seconds: float) -> str | None:
+        self.ready = True
+        return None
+
+
+def test_a_decode_bound_run_builds_the_pack_when_allowed_and_keeps_it_when_it_wins(compose_tiny_tune):
+    cfg = compose_tiny_tune("tune.allow_pack=true")
+    offer = ScriptedOffer()
+
+    def speed(settings):  # more workers barely help a saturated CPU; decoding once does
+        if settings.get("format") == "tensor":
+            return 150.0, 0.02
+        return (60.0 if "loader.num_workers" in settings else 50.0), 0.5
+
+    result = search(cfg, ScriptedTrials(AVX2, speed), lambda summary: offer)
+    assert offer.ready and result["best"].settings["format"] == "tensor"
+    assert result["best"].rate == pytest.approx(150.0)
