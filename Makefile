@@ -17,7 +17,7 @@ WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?=
 WHEELHOUSE_SKIP ?=
 
-.PHONY: demo test gpu-check wheelhouse clean
+.PHONY: demo test test-full gpu-check wheelhouse clean
 
 $(VENV)/installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +35,12 @@ demo: $(VENV)/installed
 	cd $(DEMO_PROJECT) && PATH=$(abspath $(VENV)/bin):$$PATH eval "$$(cat $(DEMO_RUNS)/tune/command.txt) \
 		hydra.run.dir=$(DEMO_RUNS)/tuned"
 
+# The fast tier: bakes, the hooks, and the baked project's unit tests, one in-process run and two command lines.
 test: $(VENV)/installed
+	$(PY) -m pytest -m "not full" tests
+
+# Everything: the fast tier, then the wheel, the wheelhouse, a real training run and the baked project's full tier.
+test-full: $(VENV)/installed
 	$(PY) -m pytest tests
 
 gpu-check:

@@ -40,7 +40,7 @@ def test_custom_project_name_derives_the_package(template, tmp_path):
     project = bake(template, tmp_path, project="Vision-Lab")
     assert project.name == "Vision-Lab"
     assert (project / "src/vision_lab/train.py").is_file()
-    assert "_target_: vision_lab.data.synthetic" in (project / "src/vision_lab/conf/data/synthetic.yaml").read_text()
+    assert "_target_: vision_lab.data.sources.synthetic" in (project / "src/vision_lab/conf/data/synthetic.yaml").read_text()
     assert 'name = "Vision-Lab"' in (project / "pyproject.toml").read_text()
     assert leftover_jinja(project) == []
 
@@ -85,6 +85,7 @@ def venv_seeing_ours(folder: Path) -> Path:
     return python
 
 
+@pytest.mark.full
 def test_wheel_install_names_itself_and_runs_from_anywhere(template, tmp_path):
     """`pip install .` as a container image does it: the wheel carries conf/, and no file says the template's name."""
     project = bake(template, tmp_path, project="Quokka.Lab-7")
@@ -126,10 +127,13 @@ def installed(template, tmp_path_factory):
     return project, python
 
 
-def test_baked_project_passes_its_own_tests(installed):
+@pytest.mark.parametrize("tier", [pytest.param("not full", id="fast"), pytest.param("full", id="full",
+                                                                                    marks=pytest.mark.full)])
+def test_baked_project_passes_its_own_tests(installed, tier):
+    """The baked project's fast tier (make test) or the rest of its tests (make test-full): between them, all."""
     project, python = installed
-    result = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project,
-                            capture_output=True, text=True, timeout=1200)
+    result = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", tier], cwd=project,
+                            capture_output=True, text=True, timeout=3600)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
 
@@ -141,6 +145,7 @@ SUMMARY_KEYS = {"images_per_s", "data_ms", "host_ms", "compute_ms", "data_frac",
                 "advice", "val_top1", "val_top5", "steps", "skipped_files", "processes", "timing_rank", "choices", "env"}
 
 
+@pytest.mark.full
 def test_training_run_reports_where_the_time_went(installed, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 
 def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(template, tmp_path):
     result = subprocess.run(["make", "--no-print-directory", "gpu-check", f"GPU_PYTHON={sys.executable}"],
@@ -18,6 +20,7 @@ def test_gpu_check_refuses_a_machine_without_cuda_in_one_line(template, tmp_path
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.full
 def test_wheelhouse_builds_wheels_for_the_target_and_leaves_out_what_it_has(template, tmp_path):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("antlr4-python3-runtime==4.9.3  # published as source only\nsimplejpeg\ntorch\n")

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from PIL import Image
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.hardware import Hardware
+from {{ cookiecutter.package }}.core.hardware import Hardware
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONF = options.CONF
@@ -47,6 +47,13 @@ SM70 = Hardware(device="cuda", cores=8, cpu="Intel Xeon", cpu_flags=(), cpu_capa
 SM90 = Hardware(device="cuda", cores=16, cpu="AMD EPYC", cpu_flags=(), cpu_capability="AVX2", gpu="NVIDIA H100",
                 gpu_capability=(9, 0))
 MACHINES = {"avx2": AVX2, "avx512_bf16": AVX512_BF16, "sm61": SM61, "sm70": SM70, "sm90": SM90}
+
+
+def installed(group: str, names: list[str]) -> list:
+    """`names` as test parameters, each skipped with the install command where its extra is missing."""
+    return [pytest.param(name, marks=pytest.mark.skipif(bool(options.facts(group, name).missing()),
+                                                        reason=str(options.facts(group, name).missing())))
+            for name in names]
 
 
 def on_this_machine(choice: str) -> list[str]:
@@ -138,7 +145,7 @@ def cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_root(cache_dir) -> Path:
     """A tiny ImageNet-style tree (3 classes), for data=imagenet."""
-    from {{ cookiecutter.package }}.synth import write_dataset
+    from {{ cookiecutter.package }}.data.synth import write_dataset
 
     return write_dataset(cache_dir / "tiny-tree", num_classes=3, train_per_class=8, val_per_class=4, workers=2)
 
@@ -149,11 +156,11 @@ TENSOR_SHORT_SIDE = 40
 @pytest.fixture(scope="session")
 def packs(cache_dir, tiny_root) -> dict[str, Path]:
     """The tiny tree packed into every packed format, once per session."""
-    from {{ cookiecutter.package }}.pack import pack
+    from {{ cookiecutter.package }}.tools.pack import pack
 
     packed = {}
     for path in sorted((CONF / "format").glob("*.yaml")):
-        if path.stem != "folder":
+        if options.facts("format", path.stem).packed and not options.facts("format", path.stem).missing():
             packed[path.stem] = cache_dir / f"packed-{path.stem}"
             pack(tiny_root, path.stem, packed[path.stem], TENSOR_SHORT_SIDE if path.stem == "tensor" else None,
                  90, 2, False, "raise", chunk_mb=0.05)  # litdata: several chunks per split
@@ -225,7 +232,32 @@ def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-LONGER = ("data.train_per_class=40", "train.epochs=3")  # 120 images: 30 steps per epoch for one process
+LONGER = ("data.train_per_class=40", "train.epochs=3")
+
+# Command lines a user gets wrong, each refused in one line naming the key or value, before anything is written.
+BAD_INPUT = {
+    "optim.lr=abc": ["optim.lr=abc"],
+    "train.epochs=two": ["train.epochs=two"],
+    "data=nosuch": ["data=nosuch"],
+    "missing data.root": ["data=imagenet", "data.root=???"],
+    "absent data.root": ["data=imagenet", "data.root=/no/such/imagenet"],
+    "model.name=nosuchnet": ["model.name=nosuchnet"],
+    "resume=missing": ["resume=/no/such/last.pt"],
+    "decoder=nvjpeg without a GPU": ["decoder=nvjpeg"],
+    "prefetcher=cuda_stream without a GPU": ["prefetcher=cuda_stream"],
+    "format.path missing": ["format=hdf5", "format.path=???"],
+    "format.path absent": ["format=lmdb", "format.path=/no/such/pack"],
+    "loader.num_workers=lots": ["loader.num_workers=lots"],
+    "precision=fp16 without a GPU": ["precision=fp16"],
+    "cudnn=fast": ["cudnn=fast"],
+    "train.batch_size=0": ["train.batch_size=0"],
+    "train.epochs=0": ["train.epochs=0"],
+    "data.crop_size=0": ["data.crop_size=0"],
+    "loader.prefetch_factor=0": ["loader.prefetch_factor=0"],
+    "optim.lr=-0.1": ["optim.lr=-0.1"],
+    "data.val_resize below the crop": ["data.crop_size=64", "data.val_resize=32"],
+}
+  # 120 images: 30 steps per epoch for one process
 
 
 def start_cli(run_dir: Path, overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path,
@@ -275,16 +307,16 @@ TRAINING_IMAGES_SCRIPT = """
 import json, os, sys, zlib
 import torch
 from hydra import compose, initialize_config_dir
-from {{ cookiecutter.package }}.distributed import setup
-from {{ cookiecutter.package }}.failures import end_workers
-from {{ cookiecutter.package }}.loaders import make_loaders
+from {{ cookiecutter.package }}.core.distributed import setup
+from {{ cookiecutter.package }}.core.failures import end_workers
+from {{ cookiecutter.package }}.data.loaders import make_loaders
 
 world = setup(1.0)
 conf, out = sys.argv[1], sys.argv[2]
 with initialize_config_dir(config_dir=conf, version_base="1.3"):
     cfg = compose("train", sys.argv[3:])
 loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
-                       cfg.train.batch_size, cfg.seed, world, torch.contiguous_format)
+                       batch_size=cfg.train.batch_size, seed=cfg.seed, world=world, memory_format=torch.contiguous_format)
 loaders.splits.train.transform = lambda payload: torch.tensor(zlib.crc32(payload))  # which image, not its pixels
 """
 

@@ -4,9 +4,13 @@ import os
 import subprocess
 import sys
 
-from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line
+import pytest
 
 from {{ cookiecutter.package }} import options
+
+from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line
+
+pytestmark = pytest.mark.full  # subprocesses, torchrun or the clock: make test-full
 
 
 def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp_path):

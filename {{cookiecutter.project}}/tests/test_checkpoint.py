@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from {{ cookiecutter.package }} import checkpoint
-from {{ cookiecutter.package }}.config import ConfigError
-from {{ cookiecutter.package }}.distributed import World
+from {{ cookiecutter.package }}.core import files
+from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.loop import checkpoint
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -23,9 +24,9 @@ def test_failed_write_keeps_the_previous_file(tmp_path):
         temporary.write_bytes(b"half a checkpo")
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(checkpoint.WriteError, match=r"No space left on device \(.* MiB free on its disk\); any "
+    with pytest.raises(files.WriteError, match=r"No space left on device \(.* MiB free on its disk\); any "
                                                     "earlier last.pt is intact"):
-        checkpoint.write_atomic(path, disk_full)
+        files.write_atomic(path, disk_full)
     assert checkpoint.load(path, torch.device("cpu"))["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
@@ -36,15 +37,15 @@ def test_torch_saves_failed_write_is_a_write_error_and_a_bug_is_not(tmp_path):
     def stream_writer_failure(temporary):  # how torch.save reports a write the disk refused
         raise RuntimeError("[enforce fail at inline_container.cc:671] . unexpected pos 576 vs 534")
 
-    with pytest.raises(checkpoint.WriteError, match="unexpected pos"):
-        checkpoint.write_atomic(path, stream_writer_failure)
+    with pytest.raises(files.WriteError, match="unexpected pos"):
+        files.write_atomic(path, stream_writer_failure)
 
     def bug(temporary):
         raise RuntimeError("a bug in the state being saved")
 
     with pytest.raises(RuntimeError, match="a bug") as raised:
-        checkpoint.write_atomic(path, bug)
-    assert not isinstance(raised.value, checkpoint.WriteError) and not list(tmp_path.iterdir())
+        files.write_atomic(path, bug)
+    assert not isinstance(raised.value, files.WriteError) and not list(tmp_path.iterdir())
 
 
 def test_resume_choices(tmp_path):

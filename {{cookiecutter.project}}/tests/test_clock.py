@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from {{ cookiecutter.package }}.clock import Clock, CudaClock, Window, make_clock
+from {{ cookiecutter.package }}.loop.clock import Clock, CudaClock, Window, make_clock
 
 DELAY = 0.02
 
@@ -171,7 +171,7 @@ def test_cuda_without_queue_sampling_counts_host_time_as_compute(fake_gpu):
 
 
 def test_cuda_clock_stops_its_sampler_and_keeps_nothing_from_outside_a_window(fake_gpu):
-    gpu = fake_gpu()
+    fake_gpu()
     clock = CudaClock(torch.device("cuda"))
     list(clock.timed(slow_batches(2, 0.0)))
     time.sleep(0.05)  # validation, say: not inside timed(), so nothing is sampled

@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from conftest import PACKAGE, PROJECT, summary
 
 
@@ -10,6 +12,7 @@ def compare(*folders) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.full
 def test_the_ceiling_and_a_real_pipeline_side_by_side(tmp_path, train_cli):
     sweep = tmp_path / "sweep"
     train_cli(tmp_path / "unused", "hydra.mode=MULTIRUN", f"hydra.sweep.dir={sweep}", "prefetcher=resident,none")
@@ -29,12 +32,14 @@ def test_the_ceiling_and_a_real_pipeline_side_by_side(tmp_path, train_cli):
                         f"{100 * real['host_frac']:.0f}% | {real['bound']} | {ratio:.2f} |")
 
 
+@pytest.mark.full
 def test_a_folder_without_finished_runs_is_refused_in_one_line(tmp_path):
     result = compare(tmp_path)
     assert result.returncode == 1
     assert result.stderr.strip() == f"error: no summary.json under {tmp_path}: is it the folder of finished runs?"
 
 
+@pytest.mark.full
 def test_a_summary_without_the_overrides_is_refused_in_one_line(tmp_path):
     (tmp_path / "0").mkdir()
     (tmp_path / "0/summary.json").write_text('{"images_per_s": 10.0, "data_frac": 0.1}')

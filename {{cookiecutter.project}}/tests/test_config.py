@@ -5,15 +5,25 @@ import sys
 
 import pytest
 import torch
-from conftest import CONF, DEVICE, on_this_machine
 from omegaconf import OmegaConf
 
-from {{ cookiecutter.package }}.config import (FACTS, RANGES, ConfigError, _bounds, build, check_ranges, describe_range,
-                                           in_range, ranged_keys)
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.data import Source
-from {{ cookiecutter.package }}.decoder import Decoder
-from {{ cookiecutter.package }}.distributed import World
+from {{ cookiecutter.package }}.contracts import Decoder
+from {{ cookiecutter.package }}.core.config import (
+    FACTS,
+    RANGES,
+    ConfigError,
+    _bounds,
+    build,
+    check_ranges,
+    describe_range,
+    in_range,
+    ranged_keys,
+)
+from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.data.sources import Source
+
+from conftest import CONF, DEVICE, on_this_machine
 
 OPTIONS = sorted((path.parent.name, path.stem) for path in CONF.glob("*/*.yaml"))
 
@@ -104,8 +114,8 @@ def check_prefetcher(prefetcher, cfg, tmp_path, option):
 
 
 def prefetcher_args(tmp_path):
-    from {{ cookiecutter.package }}.data import ToDevice
-    from {{ cookiecutter.package }}.decoder.pil import PilDecoder
+    from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
+    from {{ cookiecutter.package }}.data.device import ToDevice
 
     images = torch.zeros((6, 4, 4, 3), dtype=torch.uint8)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, torch.arange(6)), batch_size=3)
@@ -113,8 +123,8 @@ def prefetcher_args(tmp_path):
 
 
 def format_args(tmp_path, tiny_root):
-    from {{ cookiecutter.package }}.data import imagenet
-    from {{ cookiecutter.package }}.staging import no_staging
+    from {{ cookiecutter.package }}.data.sources import imagenet
+    from {{ cookiecutter.package }}.data.staging import no_staging
 
     return {"source": imagenet(str(tiny_root), 32, 36, "skip"), "stage": no_staging}
 
@@ -156,7 +166,7 @@ def settings_of(node, prefix: str = ""):
 def test_recipe_and_debug_overlays_compose_with_what_they_set(group, option):
     from hydra import compose, initialize_config_dir
 
-    import {{ cookiecutter.package }}.distributed  # noqa: F401 - registers the resolvers the recipes use
+    import {{ cookiecutter.package }}.core.config  # noqa: F401 - registers the resolvers the recipes use
 
     overlay = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -170,7 +180,7 @@ def test_recipe_and_debug_overlays_compose_with_what_they_set(group, option):
 def test_imagenet_recipe_scales_the_learning_rate_with_the_global_batch(monkeypatch):
     from hydra import compose, initialize_config_dir
 
-    import {{ cookiecutter.package }}.distributed  # noqa: F401 - registers linear_lr
+    import {{ cookiecutter.package }}.core.config  # noqa: F401 - registers linear_lr
 
     def lr(processes: int) -> float:
         monkeypatch.setenv("WORLD_SIZE", str(processes))

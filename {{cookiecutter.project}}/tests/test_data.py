@@ -2,19 +2,21 @@
 import pytest
 import torch
 
-from {{ cookiecutter.package }}.config import ConfigError
-from conftest import ODD_FILES
+from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.data.crops import TrainCrop
+from {{ cookiecutter.package }}.data.decoder import decoding
+from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
+from {{ cookiecutter.package }}.data.device import MEAN, STD, ToDevice
+from {{ cookiecutter.package }}.data.format import folder
+from {{ cookiecutter.package }}.data.format.folder import ImageFiles
+from {{ cookiecutter.package }}.data.images import Images, UnreadableImage, WrongDataSet, make_splits
+from {{ cookiecutter.package }}.data.loaders import make_loader
+from {{ cookiecutter.package }}.data.prefetcher import NoPrefetcher
+from {{ cookiecutter.package }}.data.sources import imagenet
+from {{ cookiecutter.package }}.data.staging import no_staging
 
-from {{ cookiecutter.package }}.data import (MEAN, STD, Images, ToDevice, TrainCrop, UnreadableImage, WrongDataSet,
-                                      imagenet, make_splits)
-from {{ cookiecutter.package }}.decoder import decoding
-from {{ cookiecutter.package }}.decoder.pil import PilDecoder
-from {{ cookiecutter.package }}.distributed import World
-from {{ cookiecutter.package }}.format import folder
-from {{ cookiecutter.package }}.format.folder import ImageFiles
-from {{ cookiecutter.package }}.loaders import make_loader
-from {{ cookiecutter.package }}.prefetcher import NoPrefetcher
-from {{ cookiecutter.package }}.staging import no_staging
+from conftest import ODD_FILES
 
 CPU = torch.device("cpu")
 ALONE = World(rank=0, local_rank=0, size=1, device=CPU)
@@ -226,7 +228,7 @@ class OtherProcess:
 
 
 def test_processes_judge_the_union_of_what_each_found_and_a_resume_keeps_it():
-    from {{ cookiecutter.package }}.data import Splits
+    from {{ cookiecutter.package }}.data.images import Splits
 
     mine, theirs = {0, 2, 4, 6, 8, 10}, {6, 8, 11, 13, 15, 17}  # 6 each, 10 distinct: within BAD_ALLOWED
     train = Images(Store(bad=mine), decode, "skip")

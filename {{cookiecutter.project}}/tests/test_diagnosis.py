@@ -4,11 +4,11 @@ import re
 
 import pytest
 
-from conftest import AVX2, MACHINES, SM70, SM90
+from {{ cookiecutter.package }}.core.hardware import Hardware
+from {{ cookiecutter.package }}.diagnosis.verdict import Settings, bound, diagnose
+from {{ cookiecutter.package }}.loop.clock import Window
 
-from {{ cookiecutter.package }}.clock import Window
-from {{ cookiecutter.package }}.diagnosis import Settings, bound, diagnose
-from {{ cookiecutter.package }}.hardware import Hardware
+from conftest import AVX2, MACHINES, SM70, SM90
 
 DEFAULTS = Settings(num_workers=2, prefetch_factor=2, pin_memory=True, persistent_workers=False)
 
@@ -33,7 +33,21 @@ def switches(diagnosis) -> set[str]:
     (0.02, 0.0, "compute"), (0.09, 0.09, "compute"), (0.12, 0.05, "data"), (0.05, 0.15, "host"),
     (0.6, 0.2, "data"), (0.2, 0.25, "host")])
 def test_bound_is_the_larger_noticeable_idle_share(data, host, expected):
-    assert bound(window(data, host)) == expected
+    assert bound({"data": data, "host": host}) == expected
+
+
+def test_on_a_cpu_the_cores_the_loader_takes_from_the_step_are_a_data_cost():
+    """The step and the workers share the cores: a 1% wait with workers on 30% of them is data-bound on a CPU,
+    where the same figures on a GPU, which computes apart from them, are not."""
+    busy_loader = {"sys/cpu_util": 99.0, "sys/loader_cpu": 30.0}
+    on_a_cpu = diagnose(window(0.01), busy_loader, AVX2, settings(choices={"decoder": "pil", "format": "folder"}))
+    assert on_a_cpu.bound == "data" and on_a_cpu.data_cost == pytest.approx(0.01 + 0.99 * 0.30)
+    assert "the loader's workers took 30% of the cores the step computes on" in on_a_cpu.verdict
+    decoder = next(suggestion for suggestion in on_a_cpu.suggestions if suggestion.key == "decoder")
+    assert decoder.value == "turbojpeg" and "took 30% of the 2 cores" in decoder.fact
+    assert any(suggestion.key == "format" and suggestion.value == "tensor" for suggestion in on_a_cpu.suggestions)
+    on_a_gpu = diagnose(window(0.01), busy_loader, SM90, DEFAULTS)
+    assert on_a_gpu.bound == "compute" and on_a_gpu.data_cost == pytest.approx(0.01)
 
 
 def test_compute_bound():
@@ -189,8 +203,9 @@ def test_the_same_measurements_give_the_same_suggestions():
 
 def test_every_switch_the_advice_names_exists():
     """Every group=option and key=value of any suggestion, on any described machine, is a real option or key."""
-    from conftest import CONF
     from omegaconf import OmegaConf
+
+    from conftest import CONF
 
     keys = OmegaConf.merge(OmegaConf.load(CONF / "train.yaml"), OmegaConf.load(CONF / "pack.yaml"),
                            {"model": OmegaConf.load(CONF / "model/torchvision.yaml"),

@@ -8,13 +8,27 @@ import sys
 import zlib
 
 import pytest
-from conftest import (CONF, CPU_ONLY, LONGER, PROJECT, QUIET, TWO_PROCESSES, cli_command, finish, start_cli, summary,
-                      tiny, training_images_script, wait_for)
 from hydra import compose, initialize_config_dir
 
-from {{ cookiecutter.package }}.config import ConfigError
-from {{ cookiecutter.package }}.distributed import rank_suffix, restart_store, run_name
-from {{ cookiecutter.package }}.failures import explain
+from {{ cookiecutter.package }}.core.config import ConfigError, rank_suffix, run_name
+from {{ cookiecutter.package }}.core.distributed import restart_store
+from {{ cookiecutter.package }}.core.failures import explain
+
+from conftest import (
+    CONF,
+    CPU_ONLY,
+    LONGER,
+    PROJECT,
+    QUIET,
+    TWO_PROCESSES,
+    cli_command,
+    finish,
+    start_cli,
+    summary,
+    tiny,
+    training_images_script,
+    wait_for,
+)
 
 
 def test_every_rank_resolves_the_same_run_folder(monkeypatch):
@@ -67,6 +81,7 @@ def launch_env(devices: dict[str, str], **settings: str) -> dict[str, str]:
             "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])}
 
 
+@pytest.mark.full
 def test_launch_script_runs_torchrun_into_one_folder(tmp_path, cache_dir, tiny_root, packs):
     result = subprocess.run(["bash", str(PROJECT / "scripts/launch.sh"), *tiny(("train.epochs=1",), cache_dir,
                                                                                  tiny_root)],
@@ -101,6 +116,7 @@ end_workers()
 """
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("format", ["format=folder", "format=litdata"])  # our sampler; a loader of the format's own
 def test_a_resume_with_another_number_of_processes_trains_each_image_left_once(format, tmp_path, cache_dir,
                                                                                  tiny_root, packs):
@@ -126,6 +142,7 @@ STEPS_WITH_TWO_PROCESSES = 3 * 15  # LONGER: 120 images over 2 processes, batch 
 RESUMED = re.compile(r"resumed from .*last\.pt at epoch [1-3]")
 
 
+@pytest.mark.full
 def test_elastic_restart_resumes_from_the_checkpoint(tmp_path, cache_dir, tiny_root):
     import psutil
 
@@ -157,6 +174,7 @@ def two_processes_past_a_checkpoint(run_dir, overrides, max_restarts, cache_dir,
     return process, ranks
 
 
+@pytest.mark.full
 def test_a_loader_worker_killed_in_one_process_lets_torchrun_restart_the_group(tmp_path, cache_dir, tiny_root):
     """The failing process ends with its one line, the other one does not hang in a collective, and
     torchrun's one restart resumes from the checkpoint and finishes."""
@@ -173,6 +191,7 @@ def test_a_loader_worker_killed_in_one_process_lets_torchrun_restart_the_group(t
     assert summary(run_dir)["steps"] == STEPS_WITH_TWO_PROCESSES
 
 
+@pytest.mark.full
 def test_a_process_that_stops_answering_fails_the_collective_instead_of_hanging(tmp_path, cache_dir, tiny_root):
     run_dir = tmp_path / "run"
     process, ranks = two_processes_past_a_checkpoint(run_dir, ("distributed.timeout_min=0.3",), 0, cache_dir,
@@ -197,6 +216,7 @@ def test_both_of_gloos_wordings_of_a_timeout_are_a_collective_failure(reported):
     assert explain(RuntimeError("Application error of our own")) is None  # a bug keeps its traceback
 
 
+@pytest.mark.full
 def test_launch_script_on_two_nodes_resumes_after_a_worker_dies(tmp_path, cache_dir, tiny_root):
     import psutil
 
@@ -229,6 +249,7 @@ def test_slurm_launcher_config_composes():
     assert launcher.nodes == 2 and launcher.tasks_per_node == launcher.gpus_per_node == 8
 
 
+@pytest.mark.full
 def test_submitit_launcher_trains(tmp_path, cache_dir, tiny_root, packs):
     """submitit's local executor pickles the task function and runs it in a job of its own, as Slurm's does."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
@@ -243,6 +264,7 @@ def test_submitit_launcher_trains(tmp_path, cache_dir, tiny_root, packs):
     assert job_logs and "==== where the time went ====" in job_logs[0].read_text(), "the report came from the job"
 
 
+@pytest.mark.full
 @pytest.mark.gpu
 def test_nccl_group_of_one_process_all_reduces_and_wraps_a_model(tmp_path):
     script = """

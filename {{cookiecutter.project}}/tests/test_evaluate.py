@@ -1,9 +1,9 @@
 """Validation accuracy: top-k hits counted on the device, percentages over exactly the batches allowed."""
 import torch
 
-from {{ cookiecutter.package }}.distributed import World
-from {{ cookiecutter.package }}.evaluate import accuracy, evaluate
-from {{ cookiecutter.package }}.precision import Precision
+from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.loop.evaluate import accuracy, evaluate
+from {{ cookiecutter.package }}.loop.precision import Precision
 
 CPU = torch.device("cpu")
 

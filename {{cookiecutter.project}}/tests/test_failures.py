@@ -9,9 +9,24 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import torch
-from conftest import (LONGER, PACKAGE, PROJECT, QUIET, cli_command, error_line, finish, start_cli,
-                      stopped_after_first_checkpoint, summary, wait_for)
+
+from conftest import (
+    LONGER,
+    PACKAGE,
+    PROJECT,
+    QUIET,
+    cli_command,
+    error_line,
+    finish,
+    start_cli,
+    stopped_after_first_checkpoint,
+    summary,
+    wait_for,
+)
+
+pytestmark = pytest.mark.full  # subprocesses, torchrun or the clock: make test-full
 
 SECONDS_TO_EXIT = 30
 
@@ -83,8 +98,8 @@ def test_workers_do_not_outlive_a_training_process_killed_outright(tmp_path, cac
 def test_a_bug_in_a_worker_keeps_its_traceback_and_still_ends_the_run(tmp_path, cache_dir, tiny_root):
     run_dir = tmp_path / "run"
     command = cli_command(run_dir, ("loader.num_workers=2",), cache_dir, tiny_root)
-    script = run_patched("from {package} import data\n"
-                         "data.TrainCrop.__call__ = lambda self, width, height: 1 / 0  # a bug in our own code\n",
+    script = run_patched("from {package}.data import crops\n"
+                         "crops.TrainCrop.__call__ = lambda self, width, height: 1 / 0  # a bug in our own code\n",
                          command)
     began = time.monotonic()
     result = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, text=True,

@@ -9,24 +9,26 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import CONF, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE
 from omegaconf import OmegaConf
 from PIL import Image
 
-from {{ cookiecutter.package }}.config import ClearError, ConfigError
-from {{ cookiecutter.package }}.data import imagenet
-from {{ cookiecutter.package }}.decoder import pil_size
-from {{ cookiecutter.package }}.decoder.pil import PilDecoder
-from {{ cookiecutter.package }}.format import META, folder
-from {{ cookiecutter.package }}.pack import pack, shorter_side_to
-from {{ cookiecutter.package }}.staging import no_staging
+from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }}.core.config import ClearError, ConfigError
+from {{ cookiecutter.package }}.data.decoder import pil_size
+from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
+from {{ cookiecutter.package }}.data.format import META, folder
+from {{ cookiecutter.package }}.data.sources import imagenet
+from {{ cookiecutter.package }}.data.staging import no_staging
+from {{ cookiecutter.package }}.tools.pack import pack, shorter_side_to
 
-PACKED = sorted(path.stem for path in (CONF / "format").glob("*.yaml") if path.stem != "folder")
+from conftest import CONF, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, installed
+
+PACKED = installed("format", options.having("format", "packed"))
 
 
 def open_pack(format: str, path):
     """The format option built as its YAML file gives it (its cache, for litdata), reading `path`."""
-    module = importlib.import_module(f"{{ cookiecutter.package }}.format.{format}")
+    module = importlib.import_module(f"{{ cookiecutter.package }}.data.format.{format}")
     settings = {key: value for key, value in OmegaConf.to_container(OmegaConf.load(CONF / "format" / f"{format}.yaml"),
                                                                      resolve=True).items()
                 if not key.startswith("_") and key != "path"}
@@ -53,7 +55,7 @@ def test_round_trip_keeps_labels_classes_and_pixels(format, packs, tiny_root):
         assert len(store) == len(source)
         assert [store.read(index)[1] for index in range(len(store))] == source.labels.tolist()
         for index in range(len(source)):
-            if store.decoded:  # pixels resized once at pack time, compared with an independent decode
+            if options.facts("format", format).holds_pixels:  # pixels resized once at pack time, compared with an independent decode
                 reference = np.asarray(Image.open(source.paths[index]).convert("RGB"))
                 height, width = reference.shape[:2]
                 pixels, _ = store.read(index)
@@ -99,7 +101,7 @@ def test_truncated_pack_is_refused_before_training(format, packs, tmp_path):
 def test_foreign_files_are_refused(format, packs, tiny_root, tmp_path):
     with pytest.raises(ConfigError, match="not a packed data set"):
         open_pack(format, tiny_root)
-    other = next(name for name in PACKED if name != format)
+    other = next(name for name in packs if name != format)
     with pytest.raises(ConfigError, match=f"holds format={other}, not format={format}"):
         open_pack(format, packs[other])
     # The right names and sizes, the wrong contents: a stranger's file copied over ours.
@@ -116,7 +118,7 @@ def test_foreign_files_are_refused(format, packs, tiny_root, tmp_path):
 
 @pytest.mark.parametrize("format", PACKED)
 def test_failed_or_interrupted_pack_leaves_nothing_that_looks_valid(format, tiny_root, tmp_path, monkeypatch):
-    module = importlib.import_module(f"{{ cookiecutter.package }}.format.{format}")
+    module = importlib.import_module(f"{{ cookiecutter.package }}.data.format.{format}")
     real_write = module.write
 
     def write_then_fail(path, records, error, **settings):
@@ -156,6 +158,7 @@ def test_pack_leaves_out_unreadable_files_and_says_so(short_side, tree_with_bad_
     assert len(open_pack("hdf5", tmp_path / "out").train) == 8
 
 
+@pytest.mark.full
 def test_pack_command_line_reports_once_and_refuses_to_overwrite(tiny_root, tmp_path):
     command = [sys.executable, "-m", f"{PACKAGE}.pack", f"data.root={tiny_root}", "format=lmdb",
                f"pack.out={tmp_path / 'lmdb'}", f"hydra.run.dir={tmp_path / 'log'}"]
@@ -183,7 +186,7 @@ def test_packed_files_are_opened_in_the_workers_not_in_the_parent(format, packs)
 
 
 def test_pack_refuses_a_disk_too_small_with_the_numbers(tiny_root, small_disk, tmp_path, monkeypatch):
-    import {{ cookiecutter.package }}.pack as packing
+    import {{ cookiecutter.package }}.tools.pack as packing
 
     disk = small_disk(1)
     if disk is None:  # no tmpfs without root: the same free space, as the disk would report it
@@ -198,13 +201,13 @@ def test_pack_refuses_a_disk_too_small_with_the_numbers(tiny_root, small_disk, t
 def test_a_disk_that_fills_during_pack_gives_one_line_and_no_pack(format, tiny_root, small_disk, tmp_path,
                                                                  monkeypatch):
     """The native writers can crash their process on a full disk (LMDB: SIGBUS; HDF5: a segfault on close)."""
-    import {{ cookiecutter.package }}.pack as packing
+    import {{ cookiecutter.package }}.tools.pack as packing
 
     monkeypatch.setattr(packing, "estimated_bytes", lambda stores, convert: 0)  # the check before is passed
     disk = small_disk(1)
     if disk is None:  # no tmpfs without root: the failure raised where the format's writer writes
         disk = tmp_path / "disk"
-        module = importlib.import_module(f"{PACKAGE}.format.{format}")
+        module = importlib.import_module(f"{PACKAGE}.data.format.{format}")
         monkeypatch.setattr(module, "write", lambda path, records: (_ for _ in ()).throw(
             OSError(28, "No space left on device")))
     short_side = 320 if format == "tensor" else None  # 36 decoded images of that size overfill 1 MiB
@@ -213,6 +216,7 @@ def test_a_disk_that_fills_during_pack_gives_one_line_and_no_pack(format, tiny_r
     assert not list(disk.iterdir())
 
 
+@pytest.mark.full
 def test_pack_on_a_full_disk_from_the_command_line_is_one_line(tiny_root, small_disk):
     disk = small_disk(1)
     if disk is None:

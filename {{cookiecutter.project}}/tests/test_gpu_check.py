@@ -4,16 +4,19 @@ import re
 import subprocess
 import sys
 
-from conftest import CONF, CPU_ONLY, PACKAGE, PROJECT, tiny
+import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from {{ cookiecutter.package }}.gpu_check import gpu_check
+from {{ cookiecutter.package }}.tools.gpu_check import gpu_check
+
+from conftest import CONF, CPU_ONLY, PACKAGE, PROJECT, tiny
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1"
 skipped="1" tests="5"></testsuite></testsuites>"""
 
 
+@pytest.mark.full
 def test_refuses_a_machine_without_cuda_in_one_line(tmp_path):
     import os
 
@@ -27,19 +30,20 @@ def test_refuses_a_machine_without_cuda_in_one_line(tmp_path):
 
 
 def test_a_failed_run_is_summed_up_by_the_line_that_says_why():
-    from {{ cookiecutter.package }}.gpu_check import failure
+    from {{ cookiecutter.package }}.core.failures import reported
 
     progress = "epoch 0:  50%|#####     | 3/6 [00:01<00:01]\r"
-    assert failure(f"{progress}\nerror: decoder=dali: nvidia.dali is not installed\n") == \
-        "decoder=dali: nvidia.dali is not installed"
-    assert failure("Could not override 'data.root'.\nKey 'root' is not in struct\n\n"
-                   "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n") == \
+    assert reported(f"{progress}\nerror: decoder=dali: nvidia.dali is not installed\n") == \
+        "error: decoder=dali: nvidia.dali is not installed"
+    assert reported("Could not override 'data.root'.\nKey 'root' is not in struct\n\n"
+                    "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n") == \
         "Could not override 'data.root'."
-    assert failure("Traceback (most recent call last):\n  File x\nRuntimeError: CUDA error: out of memory\n") == \
+    assert reported("Traceback (most recent call last):\n  File x\nRuntimeError: CUDA error: out of memory\n") == \
         "RuntimeError: CUDA error: out of memory"
-    assert failure("") == "no output"
+    assert reported("") is None
 
 
+@pytest.mark.full
 def test_sweep_reports_each_run_beside_the_ceiling_and_records_failures(tmp_path, cache_dir, tiny_root, packs,
                                                                         monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the sweep's runs on the CPU, whatever the machine

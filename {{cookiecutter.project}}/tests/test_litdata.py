@@ -7,15 +7,29 @@ import zlib
 
 import pytest
 import torch
-from conftest import (CONF, DEVICE, PACKAGE, PROJECT, QUIET, TWO_PROCESSES, finish, on_this_machine, start_cli,
-                      stopped_after_first_checkpoint, summary, tiny, training_images_script)
 from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.config import ConfigError, build
-from {{ cookiecutter.package }}.distributed import World
-from {{ cookiecutter.package }}.format import litdata
-from {{ cookiecutter.package }}.loaders import make_loaders
+from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.data.format import litdata
+from {{ cookiecutter.package }}.data.loaders import check_fit, make_loaders
+
+from conftest import (
+    CONF,
+    DEVICE,
+    PACKAGE,
+    PROJECT,
+    QUIET,
+    TWO_PROCESSES,
+    finish,
+    on_this_machine,
+    start_cli,
+    stopped_after_first_checkpoint,
+    summary,
+    tiny,
+    training_images_script,
+)
 
 pytest.importorskip("litdata", reason="pip install -e '.[litdata]'")
 
@@ -27,7 +41,7 @@ def test_staging_is_refused_and_points_to_the_cache(cache_dir, tiny_root, packs)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("train", tiny((*LITDATA, "staging=tmpfs"), cache_dir, tiny_root))
     with pytest.raises(ConfigError, match="staging=tmpfs has nothing to copy: .* format.cache_dir at a tmpfs"):
-        build(cfg.format, source=None, stage=build(cfg.staging, world=None))
+        check_fit(cfg.format, cfg.staging, cfg.decoder)
 
 
 def test_a_missing_index_is_refused_at_start(packs, tmp_path):
@@ -42,7 +56,8 @@ def test_a_missing_index_is_refused_at_start(packs, tmp_path):
 
 def first_val_batch(cfg) -> torch.Tensor:
     loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
-                           cfg.train.batch_size, cfg.seed, World(0, 0, 1, DEVICE), torch.contiguous_format)
+                           batch_size=cfg.train.batch_size, seed=cfg.seed, world=World(0, 0, 1, DEVICE),
+                           memory_format=torch.contiguous_format)
     return next(iter(loaders.val))[0]
 
 
@@ -65,6 +80,7 @@ end_workers()  # as training does: persistent workers ignore the SIGTERM exit wo
 """
 
 
+@pytest.mark.full
 def test_two_processes_and_their_workers_see_every_image_once_per_epoch(tmp_path, cache_dir, tiny_root, packs):
     script = training_images_script(tmp_path / "shards.py", EPOCHS_SEEN)
     overrides = tiny((*LITDATA, "loader.num_workers=2", "train.batch_size=3"), cache_dir, tiny_root)
@@ -79,6 +95,7 @@ def test_two_processes_and_their_workers_see_every_image_once_per_epoch(tmp_path
     assert ranks[0]["0"] != ranks[0]["1"], "reshuffled each epoch"
 
 
+@pytest.mark.full
 def test_two_processes_train_and_validate_as_one_process_would(tmp_path, cache_dir, tiny_root, packs):
     run_dir = tmp_path / "two"
     process = start_cli(run_dir, (*LITDATA, "train.epochs=2"), cache_dir, tiny_root, launcher=TORCHRUN,
@@ -106,6 +123,7 @@ def position(run_dir) -> tuple[int, int]:
     return state["images_in_epoch"], state["loader"]["num_samples_yielded"]
 
 
+@pytest.mark.full
 def test_resume_mid_epoch_reads_on_as_the_uninterrupted_run(tmp_path, cache_dir, tiny_root, packs, train_cli):
     """SIGTERM, then a loader worker that fails: each resume reads LitData's stream on from the next batch, so
     the weights end bit for bit as an uninterrupted run's."""
@@ -127,6 +145,7 @@ def test_resume_mid_epoch_reads_on_as_the_uninterrupted_run(tmp_path, cache_dir,
     assert all(torch.equal(expected[name], resumed[name]) for name in expected)
 
 
+@pytest.mark.full
 def test_a_run_cut_short_on_two_processes_finishes_its_plan_on_one(tmp_path, cache_dir, tiny_root, packs, train_cli):
     """LitData restripes the rest of the cut epoch over the one process, and the loop goes on to the next
     epoch when the stream runs out, not when its own count of the epoch's batches says so."""
@@ -157,6 +176,7 @@ def s3_server(monkeypatch):
     server.stop()
 
 
+@pytest.mark.full
 def test_pack_to_s3_then_train_from_it(s3_server, tmp_path, cache_dir, tiny_root, packs):
     import boto3
 

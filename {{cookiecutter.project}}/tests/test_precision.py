@@ -5,13 +5,13 @@ import re
 import pytest
 import torch
 
-from {{ cookiecutter.package }} import cudnn
-from {{ cookiecutter.package }}.config import ConfigError
-from {{ cookiecutter.package }}.data import ToDevice
-from {{ cookiecutter.package }}.decoder.pil import PilDecoder
-from {{ cookiecutter.package }}.distributed import unwrap
-from {{ cookiecutter.package }}.model import compiled, torchvision_model
-from {{ cookiecutter.package }}.precision import NonFiniteLoss, Precision, make_precision
+from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.distributed import unwrap
+from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
+from {{ cookiecutter.package }}.data.device import ToDevice
+from {{ cookiecutter.package }}.loop import cudnn
+from {{ cookiecutter.package }}.loop.model import compiled, torchvision_model
+from {{ cookiecutter.package }}.loop.precision import NonFiniteLoss, Precision, make_precision
 
 CPU = torch.device("cpu")
 
@@ -113,6 +113,7 @@ def test_channels_last_converts_the_model_and_its_inputs():
     assert plain.is_contiguous()
 
 
+@pytest.mark.full
 def test_compile_is_done_before_training_and_leaves_no_trace(caplog):
     torch.manual_seed(0)
     model, images = tiny_model(), torch.randn(4, 3, 8, 8)

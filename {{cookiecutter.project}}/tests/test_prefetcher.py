@@ -4,15 +4,16 @@ import time
 
 import pytest
 import torch
-from conftest import CONF, DEVICE
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from {{ cookiecutter.package }}.config import ConfigError
-from {{ cookiecutter.package }}.data import ToDevice
-from {{ cookiecutter.package }}.decoder.pil import PilDecoder
-from {{ cookiecutter.package }}.distributed import World
-from {{ cookiecutter.package }}.loaders import make_loader
-from {{ cookiecutter.package }}.prefetcher import cuda_stream, none, resident, thread
+from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
+from {{ cookiecutter.package }}.data.device import ToDevice
+from {{ cookiecutter.package }}.data.loaders import make_loader
+from {{ cookiecutter.package }}.data.prefetcher import cuda_stream, none, resident, thread
+
+from conftest import CONF, DEVICE
 
 CPU = torch.device("cpu")
 PREFETCHERS = sorted(path.stem for path in (CONF / "prefetcher").glob("*.yaml"))

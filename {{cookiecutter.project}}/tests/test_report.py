@@ -1,8 +1,8 @@
 """The report's figures all come from the process the others waited for, and its text shows what was held back."""
 import torch
 
-from {{ cookiecutter.package }}.clock import Window
-from {{ cookiecutter.package }}.report import format_report, run_totals
+from {{ cookiecutter.package }}.diagnosis.report import format_report, run_totals
+from {{ cookiecutter.package }}.loop.clock import Window
 
 CPU = torch.device("cpu")
 
@@ -19,7 +19,7 @@ class Ranks:
 
 
 def test_every_timing_figure_comes_from_the_process_the_others_waited_for():
-    from {{ cookiecutter.package }}.distributed import World
+    from {{ cookiecutter.package }}.core.distributed import World
 
     windows = [(Window(5, 40, 9.0, 9.0, 0.0), {"sys/cpu_util": 1.0}),  # start-up: left out
                (Window(10, 80, 2.0, 0.5, 0.1), {"sys/cpu_util": 50.0}),

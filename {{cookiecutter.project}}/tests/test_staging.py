@@ -5,11 +5,12 @@ import subprocess
 
 import pytest
 import torch
-from conftest import PROJECT
 
-from {{ cookiecutter.package }}.config import ConfigError
-from {{ cookiecutter.package }}.distributed import World
-from {{ cookiecutter.package }}.staging import manifest, tmpfs
+from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.data.staging import manifest, tmpfs
+
+from conftest import PROJECT
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
 
@@ -64,6 +65,7 @@ def stage_script(*args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.full
 def test_script_copies_checks_and_prints_the_override_idempotently(tiny_root, packs, tmp_path):
     first = stage_script(tiny_root, tmp_path / "tree")
     assert first.returncode == 0, first.stderr
@@ -71,10 +73,12 @@ def test_script_copies_checks_and_prints_the_override_idempotently(tiny_root, pa
     assert files(tmp_path / "tree") == files(tiny_root)
     again = stage_script(tiny_root, tmp_path / "tree")
     assert again.returncode == 0 and again.stdout == first.stdout
+    pytest.importorskip("lmdb", reason="pip install -e '.[lmdb]'")
     packed = stage_script(packs["lmdb"], tmp_path / "packed")
     assert packed.stdout.strip().splitlines()[-1] == f"train with: format.path={tmp_path / 'packed'}"
 
 
+@pytest.mark.full
 def test_script_refuses_a_missing_source_and_a_folder_it_did_not_fill(tiny_root, tmp_path):
     result = stage_script(tmp_path / "nowhere", tmp_path / "dst")
     assert result.returncode == 1 and "does not exist" in result.stderr

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from {{ cookiecutter.package }}.synth import write_dataset
+from {{ cookiecutter.package }}.data.synth import write_dataset
 
 
 def test_synthetic_images_look_like_imagenet_files(tmp_path):
@@ -45,15 +45,16 @@ def test_classes_are_separable_by_a_simple_feature(tmp_path):
 
 
 def test_unwritable_destination_is_one_clear_error(tmp_path):
-    from {{ cookiecutter.package }}.config import ClearError
+    from {{ cookiecutter.package }}.core.config import ClearError
 
     (tmp_path / "file").write_text("a file where a folder should go")
     with pytest.raises(ClearError, match="could not write the synthetic data set"):
         write_dataset(tmp_path / "file" / "set", num_classes=2, train_per_class=1, val_per_class=1, workers=1)
 
 
+@pytest.mark.full
 def test_command_line_writes_the_layout_and_refuses_to_overwrite(tmp_path):
-    command = [sys.executable, "-m", "{{ cookiecutter.package }}.synth", "--out", str(tmp_path / "set"),
+    command = [sys.executable, "-m", "{{ cookiecutter.package }}.data.synth", "--out", str(tmp_path / "set"),
                "--classes", "2", "--train-per-class", "2", "--val-per-class", "1"]
     assert subprocess.run(command, capture_output=True, timeout=120).returncode == 0
     assert len(list((tmp_path / "set/train").glob("*/*.JPEG"))) == 4

@@ -6,14 +6,28 @@ import sys
 import time
 
 import pytest
-from conftest import CONF, CPU_ONLY, CUDA, LONGER, TWO_PROCESSES, finish, on_this_machine, start_cli, summary, wait_for
 
 from {{ cookiecutter.package }} import options
+
+from conftest import (
+    BAD_INPUT,
+    CONF,
+    CPU_ONLY,
+    CUDA,
+    LONGER,
+    TWO_PROCESSES,
+    finish,
+    on_this_machine,
+    start_cli,
+    summary,
+    wait_for,
+)
 
 HYDRA_OWN = {".hydra", "train.log"}
 STEPS_PER_EPOCH = 6  # 3 classes x 8 images, batch 4
 
 
+@pytest.mark.full
 def test_resume_continues_counting_from_the_checkpoint(tmp_path, train_cli):
     run_dir = tmp_path / "run"
     train_cli(run_dir, "train.max_steps=4", "train.epochs=2")
@@ -32,6 +46,7 @@ def test_resume_continues_counting_from_the_checkpoint(tmp_path, train_cli):
     assert summary(run_dir)["steps"] == 2 * STEPS_PER_EPOCH
 
 
+@pytest.mark.full
 def test_unreadable_images_are_counted_in_the_summary(tmp_path, tiny_root, train_cli):
     root = shutil.copytree(tiny_root, tmp_path / "data")
     (root / "train/class_000/empty.JPEG").write_bytes(b"")
@@ -43,6 +58,7 @@ def test_unreadable_images_are_counted_in_the_summary(tmp_path, tiny_root, train
     assert "skipping unreadable image" in log and "empty.JPEG" in log and "text.JPEG" in log
 
 
+@pytest.mark.full
 def test_a_few_unreadable_files_get_the_same_decision_in_every_epoch_and_after_a_resume(tmp_path, tree_with_bad_files,
                                                                                        train_cli):
     """3 unreadable of 11: each epoch reads them all again (batches of 11), and the run trains on past the fourth."""
@@ -65,6 +81,7 @@ def test_a_few_unreadable_files_get_the_same_decision_in_every_epoch_and_after_a
     ("profiler=cprofile", "profile.prof", "profile"),
     ("logger=none", "summary.json", "tb"),
 ])
+@pytest.mark.full
 def test_options_take_effect_through_the_loop(option, written, absent, tmp_path, train_cli):
     run_dir = tmp_path / "run"
     train_cli(run_dir, option)
@@ -76,6 +93,7 @@ DATA_GROUPS = ("decoder", "format", "staging", "prefetcher")
 DATA_OPTIONS = sorted((path.parent.name, path.stem) for group in DATA_GROUPS for path in (CONF / group).glob("*.yaml"))
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(("group", "option"), DATA_OPTIONS, ids=[f"{g}={o}" for g, o in DATA_OPTIONS])
 def test_every_data_option_trains_through_the_command_line(group, option, tmp_path, train_cli):
     choice, facts = f"{group}={option}", options.facts(group, option)
@@ -90,31 +108,13 @@ def test_every_data_option_trains_through_the_command_line(group, option, tmp_pa
     assert result["images_per_s"] > 0 and 0 <= result["val_top1"] <= 100
 
 
-BAD_INPUT = {
-    "optim.lr=abc": ["optim.lr=abc"],
-    "train.epochs=two": ["train.epochs=two"],
-    "data=nosuch": ["data=nosuch"],
-    "missing data.root": ["data=imagenet", "data.root=???"],
-    "absent data.root": ["data=imagenet", "data.root=/no/such/imagenet"],
-    "model.name=nosuchnet": ["model.name=nosuchnet"],
-    "resume=missing": ["resume=/no/such/last.pt"],
-    "decoder=nvjpeg without a GPU": ["decoder=nvjpeg"],
-    "prefetcher=cuda_stream without a GPU": ["prefetcher=cuda_stream"],
-    "format.path missing": ["format=hdf5", "format.path=???"],
-    "format.path absent": ["format=lmdb", "format.path=/no/such/pack"],
-    "loader.num_workers=lots": ["loader.num_workers=lots"],
-    "precision=fp16 without a GPU": ["precision=fp16"],
-    "cudnn=fast": ["cudnn=fast"],
-    "train.batch_size=0": ["train.batch_size=0"],
-    "train.epochs=0": ["train.epochs=0"],
-    "data.crop_size=0": ["data.crop_size=0"],
-    "loader.prefetch_factor=0": ["loader.prefetch_factor=0"],
-    "optim.lr=-0.1": ["optim.lr=-0.1"],
-    "data.val_resize below the crop": ["data.crop_size=64", "data.val_resize=32"],
-}
 
 
-@pytest.mark.parametrize("overrides", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+CLI_IN_THE_FAST_TIER = {"optim.lr=abc", "absent data.root"}  # a refused value and a refused path, as a user meets them
+
+
+@pytest.mark.parametrize("overrides", [pytest.param(overrides, id=name, marks=() if name in CLI_IN_THE_FAST_TIER
+                                                    else pytest.mark.full) for name, overrides in BAD_INPUT.items()])
 def test_bad_input_fails_with_one_clear_line(overrides, tmp_path, train_cli):
     run_dir = tmp_path / "run"
     result = train_cli(run_dir, *overrides, check=False, env=CPU_ONLY)  # some are refusals of a GPU-less machine
@@ -131,6 +131,7 @@ STARVED_OR_NOT = ("precision=fp32", "data.crop_size=64", "data.val_resize=73", "
                   "train.limit_val_batches=1")
 
 
+@pytest.mark.full
 @pytest.mark.parametrize(("overrides", "bound"), [(("loader.num_workers=0", "decoder=pil"), "data"),
                                                   (("prefetcher=resident",), "compute")], ids=["starved", "resident"])
 def test_the_report_tells_a_starved_pipeline_from_the_compute_ceiling(overrides, bound, tmp_path, train_cli):
@@ -148,6 +149,7 @@ def consistent(result: dict, batch_size: int) -> bool:
     return result["images_per_s"] == pytest.approx(1000 * batch_size / step_ms, rel=1e-6)
 
 
+@pytest.mark.full
 def test_torchrun_two_processes_share_one_run_folder(tmp_path, train_cli):
     run_dir = tmp_path / "run"
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
@@ -170,6 +172,7 @@ def test_torchrun_two_processes_share_one_run_folder(tmp_path, train_cli):
     assert len(list((tmp_path / "shm").iterdir())) == 1
 
 
+@pytest.mark.full
 def test_compute_switches_train_on_the_cpu(tmp_path, train_cli):
     run_dir = tmp_path / "run"
     train_cli(run_dir, "precision=bf16", "model.channels_last=true", "cudnn=benchmark")
@@ -177,6 +180,7 @@ def test_compute_switches_train_on_the_cpu(tmp_path, train_cli):
     assert result["steps"] == STEPS_PER_EPOCH and result["skipped_steps"] == 0 and result["images_per_s"] > 0
 
 
+@pytest.mark.full
 @pytest.mark.gpu
 def test_bf16_channels_last_and_compile_train_on_the_gpu(tmp_path, train_cli):
     run_dir = tmp_path / "run"
@@ -187,6 +191,7 @@ def test_bf16_channels_last_and_compile_train_on_the_gpu(tmp_path, train_cli):
     assert "model.compile=true: compiled in" in (run_dir / "train.log").read_text()
 
 
+@pytest.mark.full
 @pytest.mark.gpu
 def test_a_slow_host_on_the_gpu_reads_as_host_overhead(tmp_path, train_cli):
     """faults.host_delay_ms sleeps before each forward pass: the report must charge it to the host, not to data."""
@@ -200,6 +205,7 @@ def test_a_slow_host_on_the_gpu_reads_as_host_overhead(tmp_path, train_cli):
     assert slow["data_frac"] < 0.1
 
 
+@pytest.mark.full
 def test_deterministic_runs_give_the_same_weights(tmp_path, train_cli):
     import torch
 
@@ -211,6 +217,7 @@ def test_deterministic_runs_give_the_same_weights(tmp_path, train_cli):
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
 
 
+@pytest.mark.full
 def test_a_diverging_run_stops_with_the_step_and_a_hint(tmp_path, train_cli):
     result = train_cli(tmp_path / "run", "optim.lr=1e30", check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -219,6 +226,7 @@ def test_a_diverging_run_stops_with_the_step_and_a_hint(tmp_path, train_cli):
 
 
 
+@pytest.mark.full
 def test_sigterm_mid_epoch_saves_the_position_and_resume_finishes_the_run(tmp_path, cache_dir, tiny_root,
                                                                           train_cli):
     run_dir = tmp_path / "run"

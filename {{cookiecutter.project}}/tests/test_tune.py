@@ -5,17 +5,18 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
-
-from conftest import AVX2, CONF, PACKAGE, PROJECT, QUIET, summary, tiny
 from hydra import compose, initialize_config_dir
 
-from {{ cookiecutter.package }}.data import TrainCrop
-from {{ cookiecutter.package }}.diagnosis import Suggestion, faster_precision
-from {{ cookiecutter.package }}.hardware import probe
-from {{ cookiecutter.package }}.format.tensor import TensorImages
-from {{ cookiecutter.package }}.trials import Ranks, Trials
-from {{ cookiecutter.package }}.tune import PackOffer, moves
+from {{ cookiecutter.package }}.core.hardware import probe
+from {{ cookiecutter.package }}.data.crops import TrainCrop
+from {{ cookiecutter.package }}.data.format.tensor import TensorImages
+from {{ cookiecutter.package }}.diagnosis.verdict import Suggestion, faster_precision
+from {{ cookiecutter.package }}.tools.trials import Ranks, Trials
+from {{ cookiecutter.package }}.tools.tune.plan import PackOffer, moves
+
+from conftest import AVX2, CONF, PACKAGE, PROJECT, QUIET, summary, tiny
 
 SHORT = ("tune.repeats=2", "tune.steps=9", "tune.log_every=3", "train.batch_size=8")
 FASTEST = faster_precision(probe(torch.device("cpu")))  # this machine's: bf16 only where it is native
@@ -35,6 +36,7 @@ def trials(tmp_path) -> list[dict]:
         return list(csv.DictReader(file))
 
 
+@pytest.mark.full
 def test_a_starved_run_gets_faster_and_its_tuned_yaml_trains(tmp_path, cache_dir, tiny_root, packs, train_cli):
     result = run_tune(tmp_path, cache_dir, tiny_root, "faults.read_delay_ms=25", "decoder=pil", "data.train_per_class=40",
                       "tune.allow_pack=true")
@@ -71,6 +73,7 @@ def test_a_starved_run_gets_faster_and_its_tuned_yaml_trains(tmp_path, cache_dir
     assert f"num_workers: {tuned['loader.num_workers']}" in composed
 
 
+@pytest.mark.full
 def test_a_good_run_is_left_alone_with_the_noise_said(tmp_path, cache_dir, tiny_root, packs):
     result = run_tune(tmp_path, cache_dir, tiny_root, "prefetcher=resident", f"precision={FASTEST}",
                       "model.channels_last=true", budget_min=1.5)
@@ -82,15 +85,17 @@ def test_a_good_run_is_left_alone_with_the_noise_said(tmp_path, cache_dir, tiny_
     assert "defaults" not in (tmp_path / "tune/experiment/tuned.yaml").read_text()
 
 
+@pytest.mark.full
 def test_a_candidate_that_fails_is_recorded_with_its_reason_and_tuning_goes_on(tmp_path, cache_dir, tiny_root, packs,
                                                                                monkeypatch):
-    import {{ cookiecutter.package }}.tune as tuning
+    import {{ cookiecutter.package }}.tools.tune.search as tuning
+    from {{ cookiecutter.package }}.tools.tune.plan import pack_offer
 
     given = tiny(("decoder=pil", "train.batch_size=8", "faults.read_delay_ms=25"), cache_dir, tiny_root)  # data-bound
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("tune", [*given, *SHORT, "tune.budget_min=3", f"tune.pack_dir={tmp_path / 'packs'}"])
     refused = Suggestion("loader.prefetch_factor", "0", "Try", "refused", "data")
-    starved = {"bound": "data", "data_frac": 0.5, "host_frac": 0.0, "env": {"device": "cpu: x86_64"},
+    starved = {"bound": "data", "data_frac": 0.5, "data_cost": 0.5, "host_frac": 0.0, "env": {"device": "cpu: x86_64"},
                "hardware": AVX2.record(), "suggestions": [refused.record()], "withheld": [],
                "choices": {"format": "folder", "decoder": "pil", "prefetcher": "none", "staging": "none"}}
     advised, _ = moves(starved, cfg, None)
@@ -98,7 +103,7 @@ def test_a_candidate_that_fails_is_recorded_with_its_reason_and_tuning_goes_on(t
     monkeypatch.setattr(tuning, "moves", lambda *args: ([advised[0], [{"loader.num_workers": "1"}]], []))
     ranks = Ranks(timeout_s=60)
     result = tuning.search(cfg, Trials(given, tmp_path, 9, 3, 180, ranks),
-                           lambda summary: tuning.pack_offer(cfg, summary, ranks))
+                           lambda summary: pack_offer(cfg, summary, ranks))
     by_change = {" ".join(f"{key}={value}" for key, value in trial.change.items()): trial for trial in result["trials"]}
     failed, after = by_change["loader.prefetch_factor=0"], by_change["loader.num_workers=1"]
     assert not failed.summary and failed.note == "error: loader.prefetch_factor=0 is out of range: it must be at least 1"
@@ -125,8 +130,9 @@ def test_the_pack_offer_keeps_every_pixel_the_crops_use(tiny_root, tmp_path):
     assert offer.build(seconds=0.0).startswith("building its pack would take about")
 
 
+@pytest.mark.full
 def test_tuned_overlay_sets_groups_as_overrides_and_keys_as_values_on_top_of_the_recipe(tmp_path):
-    from {{ cookiecutter.package }}.tune import tuned_overlay
+    from {{ cookiecutter.package }}.tools.tune.outputs import tuned_overlay
 
     (tmp_path / "experiment").mkdir()
     kept = {"decoder": "opencv", "precision": "bf16", "loader.num_workers": "3", "model.channels_last": "true"}
@@ -143,6 +149,7 @@ def test_tuned_overlay_sets_groups_as_overrides_and_keys_as_values_on_top_of_the
     assert cfg["model"]["name"] == "resnet18" and cfg["data"]["crop_size"] == 64  # the recipe it was tuned from
 
 
+@pytest.mark.full
 def test_under_torchrun_every_rank_runs_each_trial_and_rank_0_writes(tmp_path, cache_dir, tiny_root, packs):
     result = run_tune(tmp_path, cache_dir, tiny_root, "prefetcher=resident", f"precision={FASTEST}", "model.channels_last=true",
                       "tune.repeats=1", budget_min=1.0, launcher=TORCHRUN)
@@ -152,6 +159,7 @@ def test_under_torchrun_every_rank_runs_each_trial_and_rank_0_writes(tmp_path, c
     assert (tmp_path / "tune/tune-rank1.log").is_file() and (tmp_path / "tune/experiment/tuned.yaml").is_file()
 
 
+@pytest.mark.full
 def test_a_trial_clearly_slower_than_the_best_is_stopped_within_seconds_and_leaves_no_process(tmp_path, cache_dir,
                                                                                              tiny_root):
     """A real trial, 300 ms per image: its 40 steps would take a minute; it stops after its first timed window."""
@@ -160,12 +168,12 @@ def test_a_trial_clearly_slower_than_the_best_is_stopped_within_seconds_and_leav
     import psutil
     from omegaconf import OmegaConf
 
-    from {{ cookiecutter.package }}.trials import Trial
-    from {{ cookiecutter.package }}.tune import Config, slower_than
+    from {{ cookiecutter.package }}.tools.trials import Trial
+    from {{ cookiecutter.package }}.tools.tune.statistics import Config, slower_than
 
     given = tiny(("train.batch_size=8", "loader.num_workers=2", "faults.read_delay_ms=300"), cache_dir, tiny_root)
     trials = Trials(given, tmp_path, steps=40, log_every=2, budget_s=300, ranks=Ranks(timeout_s=60))
-    best = Config({}, [Trial(0, {}, summary={"images_per_s": 1000.0}, seconds=20.0, setup_s=2.0)])
+    best = Config({}, [Trial("0", {}, summary={"images_per_s": 1000.0}, seconds=20.0, setup_s=2.0)])
     settings = OmegaConf.create({"steps": 40, "log_every": 2, "min_gain": 0.05})
     began = time.monotonic()
     trial = trials.run({}, slower_than(best, best, sigma=0.0, settings=settings))

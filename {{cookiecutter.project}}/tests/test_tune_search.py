@@ -3,12 +3,15 @@ machine, how soon it stops a slower trial, and what it says it left out. No trai
 import json
 
 import pytest
-from conftest import AVX2, AVX512_BF16, SM70
 
-from {{ cookiecutter.package }}.clock import Window
-from {{ cookiecutter.package }}.diagnosis import Settings, diagnose
-from {{ cookiecutter.package }}.trials import Progress, Trial, first_timed
-from {{ cookiecutter.package }}.tune import Config, moves, search, slower_than
+from {{ cookiecutter.package }}.diagnosis.verdict import Settings, diagnose
+from {{ cookiecutter.package }}.loop.clock import Window
+from {{ cookiecutter.package }}.tools.trials import Progress, Trial, first_timed
+from {{ cookiecutter.package }}.tools.tune.plan import moves
+from {{ cookiecutter.package }}.tools.tune.search import search
+from {{ cookiecutter.package }}.tools.tune.statistics import Config, slower_than
+
+from conftest import AVX2, AVX512_BF16, SM70
 
 CHOICES = {"format": "folder", "decoder": "pil", "prefetcher": "none", "staging": "none"}
 
@@ -20,7 +23,8 @@ def scripted_summary(hardware, settings: dict[str, str], rate: float, data_frac:
     diagnosis = diagnose(total, {"sys/cpu_util": 50.0}, hardware, Settings(
         num_workers=int(settings.get("loader.num_workers", 0)), prefetch_factor=4, pin_memory=True,
         persistent_workers=True, precision=settings.get("precision", "fp32"), choices=choices))
-    return {"images_per_s": rate, "data_frac": data_frac, "host_frac": 0.0, "bound": diagnosis.bound,
+    return {"images_per_s": rate, "data_frac": data_frac, "data_cost": diagnosis.data_cost, "host_frac": 0.0,
+            "bound": diagnosis.bound,
             "data_ms": 1.0, "host_ms": 0.0, "compute_ms": 1.0, "choices": choices, "env": {"device": hardware.device},
             "hardware": hardware.record(), "suggestions": [suggestion.record() for suggestion in diagnosis.suggestions],
             "withheld": [suggestion.record() for suggestion in diagnosis.withheld]}
@@ -54,7 +58,7 @@ class ScriptedTrials:
 
     def run(self, settings: dict[str, str], judge=None) -> Trial:
         rate, data_frac = self.speed(settings)
-        trial = Trial(len(self.done), settings, seconds=10.0, setup_s=2.0)
+        trial = Trial(str(len(self.done)), settings, seconds=10.0, setup_s=2.0)
         progress = ScriptedProgress(rate)
         reason = judge(progress, elapsed=4.0) if judge else None
         if reason:
@@ -134,7 +138,7 @@ def written_progress(tmp_path, setup_s: float, *rates: float) -> Progress:
 def test_a_trial_is_stopped_once_its_first_timed_window_is_clearly_slower_or_its_training_twice_as_long(
         tmp_path, compose_tiny_tune):
     settings = compose_tiny_tune("tune.steps=20", "tune.log_every=5", "tune.min_gain=0.05").tune
-    start = Config({}, [Trial(0, {}, summary={"images_per_s": 100.0}, seconds=30.0, setup_s=5.0)])
+    start = Config({}, [Trial("0", {}, summary={"images_per_s": 100.0}, seconds=30.0, setup_s=5.0)])
     judge = slower_than(start, start, sigma=0.01, settings=settings)  # floor: 100 x (1 - max(0.1, 0.035)) = 90
     assert judge(written_progress(tmp_path, 5.0, 300.0, 80.0), elapsed=12.0).startswith(
         "its first timed window ran at 80.0 images/s, below 90.0")

@@ -4,14 +4,15 @@ import json
 import pytest
 import torch
 
-from {{ cookiecutter.package }} import workers
-from {{ cookiecutter.package }}.config import ConfigError
-from {{ cookiecutter.package }}.data import imagenet, make_splits
-from {{ cookiecutter.package }}.decoder.pil import PilDecoder
-from {{ cookiecutter.package }}.distributed import World
-from {{ cookiecutter.package }}.format import folder
-from {{ cookiecutter.package }}.loaders import make_loader
-from {{ cookiecutter.package }}.staging import no_staging
+from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.data import workers
+from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
+from {{ cookiecutter.package }}.data.format import folder
+from {{ cookiecutter.package }}.data.images import make_splits
+from {{ cookiecutter.package }}.data.loaders import make_loader
+from {{ cookiecutter.package }}.data.sources import imagenet
+from {{ cookiecutter.package }}.data.staging import no_staging
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
 SETTINGS = {"prefetch_factor": 2, "pin_memory": False, "persistent_workers": False}
@@ -43,10 +44,10 @@ def test_auto_measures_picks_the_fastest_and_caches_it(train_set, tmp_path, monk
 
     monkeypatch.setattr(workers, "images_per_s", fake_rate)
     caplog.set_level("INFO")
-    assert workers.pick_num_workers("auto", train_set, 2, loader_with(train_set)) == 2  # 4 within 5%: fewer wins
+    assert workers.pick_num_workers("auto", train_set, 2, "pil|crop 32", loader_with(train_set)) == 2  # 4 within 5%: fewer wins
     assert timed == [1, 2, 4] and "1: 100, 2: 300, 4: 290" in caplog.text
     assert list(json.loads((tmp_path / "num_workers.json").read_text()).values()) == [2]
-    assert workers.pick_num_workers("auto", train_set, 2, loader_with(train_set)) == 2
+    assert workers.pick_num_workers("auto", train_set, 2, "pil|crop 32", loader_with(train_set)) == 2
     assert timed == [1, 2, 4]  # the second run read the cache
 
 
@@ -56,7 +57,7 @@ def test_auto_really_times_a_loader(train_set):
 
 def test_bad_counts_and_too_small_sets_are_refused(train_set, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="loader.num_workers=-1"):
-        workers.pick_num_workers(-1, train_set, 2, loader_with(train_set))
+        workers.pick_num_workers(-1, train_set, 2, "pil|crop 32", loader_with(train_set))
     monkeypatch.setattr(workers, "CACHE", tmp_path / "none.json")
     with pytest.raises(ConfigError, match="pass a count"):
-        workers.pick_num_workers("auto", train_set, 8, loader_with(train_set))
+        workers.pick_num_workers("auto", train_set, 8, "pil|crop 32", loader_with(train_set))

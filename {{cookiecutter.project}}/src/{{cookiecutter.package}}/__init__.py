@@ -1,3 +1,3 @@
-"""{{ cookiecutter.description }}"""
+"""ImageNet-style PyTorch training whose data-loading speed techniques are Hydra switches"""
 
 __version__ = "0.1.0"

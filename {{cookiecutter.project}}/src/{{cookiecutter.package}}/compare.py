@@ -9,62 +9,17 @@ With `prefetcher=resident` as the first run (`prefetcher=resident,cuda_stream`),
 run is the share of the compute ceiling that its data pipeline reaches.
 """
 import argparse
-import json
-import sys
 from pathlib import Path
 
-from .config import ClearError
-
-SUMMARY_KEYS = ("overrides", "images_per_s", "data_frac", "host_frac", "bound", "env")  # what the table reads
-
-
-def job_order(path: Path) -> tuple[str, ...]:
-    """Hydra's job folders 0, 1, ..., 10 in numeric order."""
-    return tuple(part.zfill(9) if part.isdigit() else part for part in path.parts)
-
-
-def load_runs(folders: list[Path]) -> list[tuple[dict[str, str], dict]]:
-    """(overrides as key -> value, summary) for every summary.json under `folders`, in job order."""
-    runs = []
-    for folder in folders:
-        paths = sorted(folder.glob("**/summary.json"), key=lambda path: job_order(path.relative_to(folder)))
-        if not paths:
-            raise ClearError(f"no summary.json under {folder}: is it the folder of finished runs?")
-        for path in paths:
-            try:
-                summary = json.loads(path.read_text())
-            except ValueError as err:
-                raise ClearError(f"{path} is not JSON ({err})") from err
-            missing = [key for key in SUMMARY_KEYS if key not in summary]
-            if missing:
-                raise ClearError(f"{path} has no {', '.join(missing)}: it comes from an older version of the project")
-            runs.append((dict(override.partition("=")[::2] for override in summary["overrides"]), summary))
-    return runs
-
-
-def table(runs: list[tuple[dict[str, str], dict]]) -> str:
-    keys = list(dict.fromkeys(key for overrides, _ in runs for key in overrides))
-    varying = [key for key in keys if len({overrides.get(key) for overrides, _ in runs}) > 1]
-    shared = [f"{key}={runs[0][0][key]}" for key in keys if key not in varying and key in runs[0][0]]
-    first = runs[0][1]["images_per_s"]
-    header = [*varying, "images/s", "data wait", "host", "bound", "× first"]
-    rows = [[overrides.get(key, "") for key in varying]
-            + [f"{summary['images_per_s']:.1f}", f"{100 * summary['data_frac']:.0f}%",
-               f"{100 * summary['host_frac']:.0f}%", summary["bound"], f"{summary['images_per_s'] / first:.2f}"]
-            for overrides, summary in runs]
-    devices = sorted({summary["env"]["device"] for _, summary in runs})
-    return "\n".join([f"on {', '.join(devices)}; every run: {' '.join(shared) or '(no shared overrides)'}", "",
-                      "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-                      *("| " + " | ".join(row) + " |" for row in rows)])
+from .core import failures
+from .tools.compare import load_runs, table
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path, help="run or multirun folders holding summary.json files")
-    try:
-        print(table(load_runs(parser.parse_args(argv).folders)))
-    except ClearError as err:
-        sys.exit(f"error: {err}")
+    folders = parser.parse_args(argv).folders
+    print(failures.one_line(lambda: table(load_runs(folders))))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@ and what it can do, which generic code asks instead of naming it (absent: false)
       copies_to_ram: true      # a staging that copies the data into RAM
       overlaps_copy: true      # a prefetcher that copies the next batch while the step computes
       ceiling: true            # ... that replays one batch: the compute ceiling, not a way to train
+      streams: into its cache  # a format that streams its data itself (how, in words): nothing to stage
+      remote: true             # a format pack can write to, and training read from, object storage (s3://)
+      built_in: true           # a data set that needs no path: written once, on first use
+      followed: true           # a logger whose `file` in the run folder shows each window as it ends
 
 Building an option whose module is missing refuses in one line with the install command (config.build);
 tests, bench and the report's advice read the rest from here, so a new option needs no edit elsewhere.
@@ -27,9 +31,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import FACTS
+from .core.config import FACTS
 
 CONF = Path(__file__).resolve().parent / "conf"  # the entry points' config_path, shipped in the wheel
+PACKAGE = __package__  # the import name, in the commands the tools run
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,10 @@ class Facts:
     copies_to_ram: bool = False
     overlaps_copy: bool = False
     ceiling: bool = False
+    streams: str | None = None
+    remote: bool = False
+    built_in: bool = False
+    followed: bool = False
 
     @property
     def install(self) -> str:
@@ -69,8 +78,20 @@ def options(group: str) -> list[str]:
 
 @functools.cache  # read at every suggestion; the files do not change while a process runs
 def facts(group: str, option: str) -> Facts:
-    declared = OmegaConf.load(CONF / group / f"{option}.yaml").get(FACTS)
+    return facts_of(OmegaConf.load(CONF / group / f"{option}.yaml"))
+
+
+def facts_of(node: DictConfig) -> Facts:
+    """The facts a composed option carries: its YAML's, or those of a user's own option in --config-dir."""
+    declared = node.get(FACTS)
     return Facts(**OmegaConf.to_container(declared)) if declared is not None else Facts()
+
+
+def name_of(group: str, node: DictConfig) -> str:
+    """The option of `group` a composed node comes from, found by what it builds: for messages."""
+    return next((option for option in options(group)
+                 if OmegaConf.load(CONF / group / f"{option}.yaml").get("_target_") == node.get("_target_")),
+                str(node.get("_target_")))
 
 
 def having(group: str, fact: str) -> list[str]:
@@ -84,6 +105,11 @@ def default(group: str) -> str | None:
         if isinstance(entry, DictConfig) and group in entry:
             return entry[group]
     return None
+
+
+def fastest_cpu_decoder() -> str:
+    """The CPU decoder that decodes fastest, by its facts' decode_rank."""
+    return min((facts("decoder", name).decode_rank, name) for name in having("decoder", "decode_rank"))[1]
 
 
 def gpu_options(group: str) -> list[str]:

@@ -8,266 +8,33 @@ The pack is written to a temporary folder beside pack.out and renamed when every
 complete, so an interrupted or failed pack leaves nothing that looks valid. An S3 pack is written locally,
 then uploaded with pack.json last.
 """
-import functools
-import importlib
-import io
-import json
 import logging
-import multiprocessing
-import os
-import shutil
-import signal
-import sys
-import tempfile
-import time
 from pathlib import Path
 
-import cv2
 import hydra
-import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
-from PIL import Image
-from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
-from . import failures, options
-from .checkpoint import bytes_in, disk_space, free_bytes
-from .config import ClearError, ConfigError, build
-from .decoder import Unreadable, decoding, pil_size
-from .decoder.pil import PilDecoder
-from .format import META, SPLITS
-from .format.folder import open_tree
+from . import options
+from .core import failures
+from .core.config import ConfigError, build
+from .tools.pack import pack
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("hdf5", "lmdb", "tensor", "litdata")
 
-
-def shorter_side_to(image: np.ndarray, short_side: int) -> np.ndarray:
-    """The image shrunk so that its shorter side is `short_side`; a smaller one as it is: enlarging adds no detail."""
-    height, width = image.shape[:2]
-    scale = short_side / min(height, width)
-    if scale >= 1:
-        return image
-    return cv2.resize(image, (max(1, round(width * scale)), max(1, round(height * scale))), interpolation=cv2.INTER_AREA)
-
-
-def check_decodes(data: bytes) -> None:
-    """Decode at 1/8 scale, which still reads every byte: cheap, and a truncated file fails."""
-    image = Image.open(io.BytesIO(data))
-    image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
-    image.load()
-
-
-class Convert:
-    """One file's bytes -> what the format stores: the bytes, re-encoded resized bytes, or resized pixels."""
-
-    def __init__(self, decoded: bool, short_side: int | None, quality: int):
-        self.decoded, self.short_side, self.quality = decoded, short_side, quality
-
-    def __call__(self, path: Path):
-        data = path.read_bytes()
-        try:
-            with decoding():
-                if self.short_side is None:
-                    check_decodes(data)  # leave garbage out now rather than skip it at every epoch
-                    return data
-                image = PilDecoder().decode(data, min(pil_size(data)) / self.short_side)
-        except Unreadable as err:
-            return err
-        pixels = shorter_side_to(image, self.short_side)
-        if self.decoded:
-            return pixels
-        buffer = io.BytesIO()
-        Image.fromarray(pixels).save(buffer, "JPEG", quality=self.quality)
-        return buffer.getvalue()
-
-
-SAMPLE = 32  # images converted up front to estimate the pack's size
-MARGIN = 1.25  # the estimate times this must fit in the free space: file-format overhead, and the sample's error
-
-
-def estimated_bytes(stores, convert: Convert) -> int:
-    """The pack's size, from converting a sample of the training images."""
-    paths = stores[0].paths[:: max(1, len(stores[0]) // SAMPLE)][:SAMPLE]
-    sizes = [payload.nbytes if isinstance(payload, np.ndarray) else len(payload)
-             for payload in map(convert, paths) if not isinstance(payload, Exception)]
-    return int(sum(len(store) for store in stores) * (sum(sizes) / max(1, len(sizes))))
-
-
-def pack(root: Path, format: str, out: Path | str, short_side: int | None, quality: int, workers: int,
-         overwrite: bool, on_error: str, chunk_mb: float = 64, endpoint_url: str | None = None) -> dict:
-    """Write the packed folder `out` (or, for litdata, an s3:// prefix); the counts, bytes and rate as a dict."""
-    if format not in FORMATS:
-        raise ConfigError(f"format={format} cannot be packed: pick one of {', '.join(FORMATS)}")
-    missing = options.facts("format", format).missing()
-    if missing:
-        raise ConfigError(f"format={format}: {missing}")
-    decoded = format == "tensor"
-    if decoded and not short_side:
-        raise ConfigError("format=tensor stores pixels at one size: pass pack.short_side=256 (or another size)")
-    module = importlib.import_module(f".format.{format}", __package__)
-    remote = str(out).startswith("s3://")
-    if remote and format != "litdata":
-        raise ConfigError(f"pack.out={out}: only format=litdata is written to S3; pack locally for format={format}")
-    if (module.finished(str(out), endpoint_url) if remote else Path(out).exists()) and not overwrite:
-        raise ConfigError(f"pack.out={out} exists: pick another folder or pass pack.overwrite=true")
-    train, val, classes = open_tree(root)
-    convert = Convert(decoded, short_side, quality)
-    # An S3 pack is written in a local folder first, then uploaded.
-    partial = (Path(tempfile.mkdtemp(prefix="pack-")) / "out" if remote
-               else Path(out).with_name(f".{Path(out).name}.partial-{os.getpid()}"))
-    needed, free = MARGIN * estimated_bytes((train, val), convert), free_bytes(partial.parent)
-    if needed > free:
-        disk = f"the disk of {partial.parent}, where it is written before the upload," if remote else "its disk"
-        raise ConfigError(f"pack.out={out}: the pack needs about {needed / 2**20:.1f} MiB and {disk} has "
-                          f"{free / 2**20:.1f} MiB free; free some space or pick a pack.out on another disk")
-    partial.mkdir(parents=True)
-    start, meta, skipped = time.perf_counter(), {"format": format, "classes": classes, "short_side": short_side,
-                                                  "quality": quality if short_side else None, "splits": {}}, []
-    write = partial_write(module, format, chunk_mb)
-    try:
-        for split, store in zip(SPLITS, (train, val)):
-            file = partial / f"{split}{module.SUFFIX}"
-            kept, left_out = write_split(write, format, file, store, convert, workers, on_error, split)
-            skipped += left_out
-            meta["splits"][split] = {"file": file.name, "images": kept, "bytes": bytes_in(file)}
-        (partial / META).write_text(json.dumps(meta, indent=1))
-        packed_bytes = bytes_in(partial)
-        if remote:
-            module.upload(partial, str(out), endpoint_url)
-        else:
-            if Path(out).exists():
-                shutil.rmtree(out)
-            partial.rename(out)
-    except BaseException as err:
-        if isinstance(err, OSError):
-            raise ClearError(f"pack failed, nothing written at {out}: {err}") from err
-        raise
-    finally:
-        shutil.rmtree(partial.parent if remote else partial, ignore_errors=True)
-    seconds = time.perf_counter() - start
-    images = sum(split["images"] for split in meta["splits"].values())
-    source_bytes = sum(path.stat().st_size for store in (train, val) for path in store.paths)
-    return {"out": str(out), "format": format, "images": images, "skipped": len(skipped),
-            "source_mb": source_bytes / 1e6, "packed_mb": packed_bytes / 1e6, "seconds": seconds,
-            "images_per_s": images / seconds}
-
-
-def partial_write(module, format: str, chunk_mb: float):
-    """The format's write(path, records), given its own settings: litdata's chunk size."""
-    return functools.partial(module.write, chunk_mb=chunk_mb) if format == "litdata" else module.write
-
-
-def write_split(write, format: str, file: Path, store, convert: Convert, workers: int, on_error: str,
-                split: str) -> tuple[int, list[str]]:
-    """(images kept, files left out) of one split, written by a child process.
-
-    On a full disk the native writers can take their process down with no message at all: LMDB with
-    SIGBUS, HDF5 with a segfault while closing a file whose flush failed. In a child, only the child
-    goes; the caller gets one line.
-    """
-    receiver, sender = multiprocessing.Pipe(duplex=False)
-    child = multiprocessing.Process(target=_write_split, name=f"pack-{split}",
-                                    args=(write, file, store, convert, workers, on_error, split, sender))
-    child.start()
-    sender.close()  # the child holds the only sending end: its death reads as EOF here
-    try:
-        outcome = receiver.recv()
-    except EOFError:
-        outcome = None
-    except BaseException:
-        child.kill()
-        raise
-    finally:
-        child.join(timeout=60)
-        if child.is_alive():
-            child.kill()
-            child.join()
-    if outcome is not None and outcome[0] == "ok":
-        return outcome[1], outcome[2]
-    if outcome == ("interrupted",):
-        raise KeyboardInterrupt
-    if outcome is not None:
-        error = outcome[1]
-        raise type(error)(f"pack failed, nothing written: {error}")
-    died = f"signal {signal.Signals(-child.exitcode).name}" if child.exitcode < 0 else f"exit code {child.exitcode}"
-    raise ClearError(f"pack failed, nothing written: the {format} writer of {file.name} died ({died}; "
-                     f"{disk_space(file)})")
-
-
-class Converted(Dataset):
-    """The files at `paths` through `convert`, in order: an unreadable one as the exception it raised."""
-
-    def __init__(self, paths: list[Path], convert: Convert):
-        self.paths, self.convert = paths, convert
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, index: int):
-        return self.convert(self.paths[index])
-
-
-def as_is(item):
-    """The DataLoader's collate for single items, which would otherwise turn arrays into tensors."""
-    return item
-
-
-def _write_split(write, file: Path, store, convert: Convert, workers: int, on_error: str, split: str,
-                 sender) -> None:
-    """The child's side of write_split: convert with `workers` processes, write, send the outcome, and leave
-    without running any finalizer (a native library's, after a failed write, is what crashes)."""
-    kept, skipped = 0, []
-
-    def records(payloads):
-        nonlocal kept
-        for index, payload in enumerate(tqdm(payloads, total=len(store), desc=f"pack {split}", unit="img",
-                                             mininterval=2)):
-            if isinstance(payload, Exception):
-                if on_error == "raise":
-                    raise ConfigError(f"unreadable image {store.paths[index]}: {payload}")
-                log.warning("leaving out unreadable image %s: %s", store.paths[index], payload)
-                skipped.append(str(store.paths[index]))
-                continue
-            kept += 1
-            yield payload, int(store.labels[index])
-
-    # A DataLoader rather than a multiprocessing.Pool: when the write fails, its workers can be killed
-    # outright, where Pool.terminate() can wait forever for a result a worker was half-way through sending.
-    converted = DataLoader(Converted(store.paths, convert), batch_size=None, num_workers=workers,
-                           collate_fn=as_is, prefetch_factor=8 if workers else None)
-    try:
-        write(file, records(converted))
-        outcome = ("ok", kept, skipped)
-    except ClearError as err:
-        outcome = ("error", err)
-    except KeyboardInterrupt:
-        outcome = ("interrupted",)
-    except Exception as err:  # noqa: BLE001 - every library reports a failed write its own way
-        failures.log_traceback(err)
-        outcome = ("error", ClearError(f"writing {file} failed: {str(err).splitlines()[0][:300]} "
-                                       f"({disk_space(file)})"))
-    failures.end_workers()
-    sender.send(outcome)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def pack_command(cfg: DictConfig) -> dict:
+    source = build(cfg.data)
+    if source.root is None:
+        raise ConfigError("pass data.root=SRC, the tree with train/ and val/ to pack")
+    out = cfg.pack.out if str(cfg.pack.out).startswith("s3://") else Path(cfg.pack.out).expanduser()
+    return pack(source.root, HydraConfig.get().runtime.choices["format"], out, cfg.pack.short_side, cfg.pack.quality,
+                cfg.pack.workers, cfg.pack.overwrite, source.on_error, cfg.pack.chunk_mb, cfg.format.get("endpoint_url"))
 
 
 @hydra.main(version_base="1.3", config_path=str(options.CONF), config_name="pack")
 def main(cfg: DictConfig) -> None:
-    try:
-        source = build(cfg.data)
-        if source.root is None:
-            raise ConfigError("pass data.root=SRC, the tree with train/ and val/ to pack")
-        out = cfg.pack.out if str(cfg.pack.out).startswith("s3://") else Path(cfg.pack.out).expanduser()
-        report = pack(source.root, HydraConfig.get().runtime.choices["format"], out, cfg.pack.short_side,
-                      cfg.pack.quality, cfg.pack.workers, cfg.pack.overwrite, source.on_error, cfg.pack.chunk_mb,
-                      cfg.format.get("endpoint_url"))
-    except ClearError as err:
-        sys.exit(f"error: {err}")
+    report = failures.one_line(lambda: pack_command(cfg))
     log.info("packed %d images (%d left out as unreadable) into %s: %.1f MB from %.1f MB, %.1f s, %.0f images/s",
              report["images"], report["skipped"], report["out"], report["packed_mb"], report["source_mb"],
              report["seconds"], report["images_per_s"])

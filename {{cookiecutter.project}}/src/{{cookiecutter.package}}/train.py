@@ -8,9 +8,7 @@ Each run ends with summary.json and a printed report: where the time went and wh
 import json
 import logging
 import random
-import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import hydra
@@ -21,88 +19,27 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
-from . import checkpoint, cudnn, distributed, failures, faults, options
-from .clock import Clock, Window, make_clock
-from .config import build, check
-from .loaders import Loaders, make_loaders
-from .distributed import World
-from .evaluate import evaluate
-from .logger import NullLogger
-from .model import compiled
-from .precision import NonFiniteLoss, Precision, make_precision
-from .preempt import Preempted, StopRequest
-from .profiler import NoProfiler
-from .diagnosis import Settings, diagnose
-from .hardware import Hardware, probe
-from .report import environment, format_report, run_totals
-from .sysmon import SystemMonitor
+from . import options
+from .core import distributed, failures, faults
+from .core.config import build, check
+from .core.distributed import World
+from .core.files import write_atomic
+from .core.hardware import probe
+from .data.loaders import make_loaders
+from .diagnosis.report import format_report, summarize
+from .diagnosis.sysmon import SystemMonitor
+from .loop import cudnn
+from .loop.checkpoint import Checkpoints, check_fits, resume_state
+from .loop.clock import make_clock
+from .loop.evaluate import evaluate
+from .loop.logger import NullLogger
+from .loop.model import compiled
+from .loop.precision import make_precision
+from .loop.preempt import Preempted, StopRequest
+from .loop.profiler import NoProfiler
+from .loop.run import Run, keep_progress
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Run:
-    """Everything the loop touches, built once before it."""
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    criterion: torch.nn.Module
-    precision: Precision
-    loaders: Loaders
-    clock: Clock
-    sysmon: SystemMonitor
-    logger: NullLogger
-    profiler: NoProfiler
-    checkpoints: checkpoint.Checkpoints
-    stop: StopRequest
-    world: World
-    hardware: Hardware
-    log_every: int
-    max_steps: int | None
-    limit_val_batches: int | None
-    epoch: int = 0
-    step: int = 0
-    images_in_epoch: int = 0  # images of the current epoch all processes together trained on
-    windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
-    identity: dict = field(default_factory=dict)  # what a checkpoint of this run holds: model and classes
-    updating: bool = False  # inside update(): the weights may be ahead of the step count
-
-    @property
-    def device(self) -> torch.device:
-        return self.world.device
-
-    @property
-    def out_of_steps(self) -> bool:
-        return self.max_steps is not None and self.step >= self.max_steps
-
-    def update(self, loss: torch.Tensor, batch_images: int) -> None:
-        """Backward, then optimizer and scheduler step and the counts: a checkpoint is consistent before
-        `updating` is set and after it is cleared, never in between."""
-        self.precision.backward(loss)
-        self.updating = True
-        self.precision.apply(loss, self.optimizer, self.step)
-        self.scheduler.step()
-        self.step, self.images_in_epoch = self.step + 1, self.images_in_epoch + batch_images * self.world.size
-        self.updating = False
-
-    def state(self) -> dict:
-        return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
-                "identity": self.identity, "epoch": self.epoch, "step": self.step,
-                "images_in_epoch": self.images_in_epoch,
-                "loader": self.loaders.train.state(self.epoch, self.images_in_epoch),
-                "unreadable": self.loaders.splits.unreadable_state(),
-                "windows": [(asdict(window), system) for window, system in self.windows]}
-
-    def restore(self, state: dict) -> None:
-        distributed.unwrap(self.model).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.precision.load_state_dict(state.get("scaler", {}))
-        self.epoch, self.step, self.images_in_epoch = state["epoch"], state["step"], state["images_in_epoch"]
-        self.loaders.train.load_state(state.get("loader", {}))
-        self.loaders.splits.load_unreadable_state(state.get("unreadable", {}))
-        self.windows = [(Window(**window), system) for window, system in state.get("windows", [])]
 
 
 def make_run(cfg: DictConfig, run_dir: Path, world: World) -> Run:
@@ -110,8 +47,8 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World) -> Run:
     device = world.device
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
-                           cfg.train.batch_size, cfg.seed, world, memory_format, cfg.faults.worker_error_at,
-                           cfg.faults.read_delay_ms)
+                           batch_size=cfg.train.batch_size, seed=cfg.seed, world=world, memory_format=memory_format,
+                           worker_error_at=cfg.faults.worker_error_at, read_delay_ms=cfg.faults.read_delay_ms)
     hardware = probe(device)
     precision = make_precision(cfg.precision, device, hardware)
     model = world.wrap(build(cfg.model, data_classes=len(loaders.classes)).to(device), cfg.distributed.sync_bn)
@@ -124,17 +61,17 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World) -> Run:
     if cfg.train.max_steps > 0:
         total_steps = min(total_steps, cfg.train.max_steps)
     scheduler = build(cfg.schedule, optimizer=optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
-    resume_from, state = checkpoint.resume_state(cfg.resume, run_dir, world)
+    resume_from, state = resume_state(cfg.resume, run_dir, world)
     identity = {"model": cfg.model.name, "classes": len(loaders.classes)}
     if state:
-        checkpoint.check_fits(state, distributed.unwrap(model), resume_from, identity)
+        check_fits(state, distributed.unwrap(model), resume_from, identity)
     writes = world.is_main  # the other ranks get objects that write nothing
     run = Run(model=model, optimizer=optimizer, scheduler=scheduler,
               criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing), precision=precision,
               loaders=loaders, clock=make_clock(device, cfg.train.host_split),
               sysmon=SystemMonitor(device), logger=build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
               profiler=build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
-              checkpoints=checkpoint.Checkpoints(run_dir, writes), stop=StopRequest(), world=world, hardware=hardware,
+              checkpoints=Checkpoints(run_dir, writes), stop=StopRequest(), world=world, hardware=hardware,
               log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
               identity=identity)
@@ -203,29 +140,6 @@ def validate(run: Run) -> tuple[float, float]:
     return top1, top5
 
 
-def summarize(run: Run, cfg: DictConfig, top1: float, top5: float) -> dict:
-    """The run's figures, every timing one from the same process (see report.run_totals), with the verdict."""
-    total, system, timing_rank = run_totals(run.windows, run.world)
-    hydra_cfg = HydraConfig.get()
-    choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if not group.startswith("hydra")}
-    settings = Settings(num_workers=run.loaders.num_workers, prefetch_factor=cfg.loader.prefetch_factor,
-                        pin_memory=cfg.loader.pin_memory, persistent_workers=cfg.loader.persistent_workers,
-                        batch_size=cfg.train.batch_size, log_every=cfg.train.log_every, precision=cfg.precision,
-                        channels_last=cfg.model.channels_last, compile=cfg.model.compile, cudnn=cfg.cudnn,
-                        crop_size=cfg.data.crop_size, choices=choices)
-    diagnosis = diagnose(total, system, run.hardware, settings)
-    return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "host_ms": total.host_ms,
-            "compute_ms": total.compute_ms, "data_frac": total.data_frac, "host_frac": total.host_frac,
-            "bound": diagnosis.bound, "verdict": diagnosis.verdict, "advice": diagnosis.advice,
-            "suggestions": [suggestion.record() for suggestion in diagnosis.suggestions],
-            "withheld": [suggestion.record() for suggestion in diagnosis.withheld],
-            "hardware": run.hardware.record(),
-            "val_top1": top1, "val_top5": top5, "steps": run.step, "skipped_files": run.loaders.skipped_files(run.world),
-            "skipped_steps": int(run.precision.skipped), "processes": run.world.size, "timing_rank": timing_rank,
-            "choices": choices, "overrides": list(hydra_cfg.overrides.task), "system": system,
-            "env": environment(run.device)}
-
-
 def run_epochs(run: Run, epochs: int) -> tuple[float, float]:
     """Train and validate epoch by epoch, a checkpoint after each; the last validation's top-1 and top-5."""
     scores = None
@@ -236,20 +150,6 @@ def run_epochs(run: Run, epochs: int) -> tuple[float, float]:
             scores = validate(run)
             run.checkpoints.save(run.state())
     return scores or validate(run)  # a resumed run that had nothing left still reports its accuracy
-
-
-def keep_progress(run: Run, err: BaseException) -> None:
-    """After a failure that left the weights sound, save the last completed step, and tell the error where
-    `resume=auto` will carry on from. A non-finite loss, or a failure in the middle of an update, keeps the
-    last good checkpoint instead."""
-    sound = not (run.updating or isinstance(err, (NonFiniteLoss, KeyboardInterrupt)))
-    if sound and run.step > run.checkpoints.saved_step:
-        try:
-            run.checkpoints.save(run.state())
-        except checkpoint.WriteError as unsaved:
-            log.error("the run failed, and saving its last step failed too: %s", unsaved)
-    if run.checkpoints.writes and run.checkpoints.saved_step >= 0:
-        err.resume_step = run.checkpoints.saved_step
 
 
 def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
@@ -275,9 +175,9 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     finally:  # every way out: the sampler thread and the TensorBoard writer end here
         run.clock.close()
         run.logger.close()
-    summary = summarize(run, cfg, top1, top5)
+    summary = summarize(run, cfg, top1, top5, HydraConfig.get())
     if world.is_main:
-        checkpoint.write_atomic(run_dir / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
+        write_atomic(run_dir / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
         log.info("%s\nsummary: %s", format_report(summary), run_dir / "summary.json")
     return summary
 
@@ -285,18 +185,9 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
 @hydra.main(version_base="1.3", config_path=str(options.CONF), config_name="train")
 @record  # inside hydra.main, which would otherwise swallow the exception: torchrun's summary gets the traceback
 def main(cfg: DictConfig) -> None:
-    try:
-        world = distributed.setup(cfg.distributed.timeout_min)
-        train(cfg, Path(HydraConfig.get().runtime.output_dir), world)
-    except BaseException as err:  # noqa: BLE001 - what the user can act on becomes one line; a bug re-raises
-        line = failures.explain(err)
-        failures.log_traceback(err)
-        if line is None:
-            raise
-        sys.exit(f"error: {line}")
-    finally:
-        failures.end_workers()
-        distributed.teardown()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    failures.one_line(lambda: train(cfg, run_dir, distributed.setup(cfg.distributed.timeout_min)),
+                      finish=distributed.teardown)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,178 @@
+"""What an option of each kind must do. Read this module first.
+
+Every option is one YAML file, conf/<group>/<option>.yaml, and one small module. The generic code (the
+loader assembly, the loop, the report, the tools) sees only the contracts below, and asks an option's facts
+(options.py) what it can do; it never compares an option's name.
+
+| group        | contract                         | the options                               |
+|--------------|----------------------------------|-------------------------------------------|
+| `format`     | `Store`, two of them in `Stores` | data/format/<option>.py                   |
+| `decoder`    | `Decoder`                        | data/decoder/<option>.py                  |
+| `staging`    | `Staging`                        | data/staging.py                           |
+| `prefetcher` | `Prefetcher`                     | data/prefetcher.py                        |
+| `logger`     | `Logger`                         | loop/logger.py                            |
+| `profiler`   | `Profiler`                       | loop/profiler.py                          |
+
+A format that shards, shuffles and keeps its own place in the stream (litdata) also brings its training
+loader, a `ResumableLoader`, as the loader assembly's own is (data/loaders.py).
+
+Whatever the options, a batch reaching the training step is (normalised float images on the device,
+labels): workers produce uint8 HWC crops (or encoded bytes, for GPU decoders) and the device does the rest.
+"""
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
+Box = tuple[float, float, float, float]  # left, top, right, bottom, in pixels of the full-size image
+Batch = tuple[torch.Tensor, torch.Tensor]  # (images, labels), as the training step takes them
+
+
+class Crop(ABC):
+    """Where to cut an image of a given size, and the side of the square the cut is resized to."""
+    size: int
+
+    @abstractmethod
+    def __call__(self, width: int, height: int) -> tuple[Box, bool]:
+        """(box, flip) for an image of width x height."""
+
+
+class Store(ABC):
+    """One split of a format: `len`, a label and a payload per index (encoded bytes, or an HWC uint8 array for a
+    format whose facts say `holds_pixels`).
+
+    A file is opened lazily in the process that reads it, at its first read: a handle opened in the parent
+    and inherited through fork shares its file offset and library state between processes.
+    """
+
+    def __init__(self, labels: np.ndarray):
+        self.labels = labels
+        self._pid = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def read(self, index: int) -> tuple[Any, int]:
+        """(payload, label) of one image."""
+        if self._pid != os.getpid():
+            self.open()
+            self._pid = os.getpid()
+        return self.payload(index), int(self.labels[index])
+
+    def open(self) -> None:
+        """Open the file in the calling process; a store of separate files has nothing to open."""
+
+    @abstractmethod
+    def payload(self, index: int) -> Any:
+        """The stored bytes or pixels of one image."""
+
+    @abstractmethod
+    def name(self, index: int) -> str:
+        """What an error message calls this image."""
+
+    def __getstate__(self) -> dict:
+        return {key: value for key, value in self.__dict__.items() if not key.startswith("_")} | {"_pid": None}
+
+
+@dataclass
+class Stores:
+    """What a format option builds: both splits, the class names and, for a format that streams its training
+    split itself, that split's loader factory: train_loader(images, *, batch_size, seed, collate,
+    worker_init_fn, num_workers, prefetch_factor, pin_memory, persistent_workers) -> ResumableLoader."""
+    train: Store
+    val: Store
+    classes: list[str]
+    train_loader: Callable[..., "ResumableLoader"] | None = None
+
+
+class Decoder(ABC):
+    """What the data pipeline asks of every decoder: a worker transform, a collate, an upload to the device."""
+
+    @abstractmethod
+    def transform(self, crop: Crop) -> Callable:
+        """What the loader's workers apply to a file's bytes (or, for a decoder that takes pixels, to them)."""
+
+    def collate(self, samples: list):
+        return default_collate(samples)
+
+    def upload(self, images, device: torch.device, non_blocking: bool) -> torch.Tensor:
+        """A collated batch -> uint8 NCHW images on `device`."""
+        return images.to(device, non_blocking=non_blocking).permute(0, 3, 1, 2)
+
+    def check_device(self, device: torch.device) -> None:
+        """Refuse at start-up a device this decoder cannot feed."""
+
+
+class Staging(Protocol):
+    def __call__(self, source: Path) -> Path:
+        """Where to read `source` from: a copy of it, or itself."""
+
+
+class ResumableLoader(Protocol):
+    """A training loader that knows where an epoch stands, so that a resumed run trains each image left once."""
+
+    def __iter__(self) -> Iterator: ...
+
+    def __len__(self) -> int: ...
+
+    def set_epoch(self, epoch: int, skip_images: int = 0) -> None:
+        """Shuffle for `epoch`, leaving out the first `skip_images` images all processes trained on; len is then
+        the batches left."""
+
+    def state(self, epoch: int, images_done: int) -> dict:
+        """What it needs, beyond the epoch and the images all processes trained on, to resume there; asked of it
+        rather than read from it, since a prefetcher runs ahead of the training step."""
+
+    def load_state(self, state: dict) -> None:
+        """Take a `state` back, before the `set_epoch` of the epoch it was saved in."""
+
+
+ToDevice = Callable[[Any], Batch]  # a collated batch -> (normalised images, labels) on the device
+
+
+class Prefetcher(ABC):
+    """How batches reach the device: wraps a loader, keeps its len and its place in the epoch, and yields
+    (normalised images, labels) on the device, made by `to_device`."""
+
+    def __init__(self, loader: ResumableLoader, to_device: ToDevice):
+        self.loader, self.to_device = loader, to_device
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int, skip_images: int = 0) -> None:
+        self.loader.set_epoch(epoch, skip_images)
+
+    def state(self, epoch: int, images_done: int) -> dict:
+        return self.loader.state(epoch, images_done)
+
+    def load_state(self, state: dict) -> None:
+        self.loader.load_state(state)
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[Batch]:
+        """The epoch's batches, on the device."""
+
+
+class Logger(Protocol):
+    """Where each logging window's figures go."""
+
+    def scalars(self, values: dict[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Profiler(Protocol):
+    """A context manager around the training epochs, told of every step."""
+
+    def __enter__(self) -> "Profiler": ...
+
+    def __exit__(self, *exc) -> None: ...
+
+    def step(self) -> None: ...

@@ -1,0 +1,173 @@
+"""Start-up checks, building from config and the resolvers the YAML files use, so a bad command line costs one
+clear line, not a traceback.
+
+Every rank resolves the same run folder: under torchrun it is named after the rendezvous id, which all ranks
+(and an elastic restart of them) share, instead of a timestamp each rank would read for itself.
+"""
+import importlib
+import os
+import time
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+
+class ClearError(Exception):
+    """An error whose message says all the user needs; the entry points print it as one line, no traceback."""
+
+
+class ConfigError(ClearError):
+    """A mistake in the command line, the config or the input paths."""
+
+
+def optional_import(module: str, extra: str) -> ModuleType:
+    """Import a backend's package where the backend is built, or refuse in one line naming the extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ConfigError(f"{module} is not installed ({err}): pip install -e '.[{extra}]'") from None
+
+
+RANGES = "_ranges_"  # in a config node: the valid values of its numeric keys, beside the keys themselves
+FACTS = "_facts_"  # in an option's node: what it needs (options.py)
+
+
+def build(node: DictConfig, **runtime: Any) -> Any:
+    """The node's target called with its config values and the runtime objects.
+
+    The runtime objects are passed to the call, not through instantiate, which would turn a dataclass
+    such as World into a DictConfig; a ConfigError raised by the target reaches the caller as itself.
+    An option whose package is missing (its `_facts_`) is refused first, with the command that installs it.
+    """
+    facts = node.get(FACTS) or {}
+    if facts.get("module"):
+        optional_import(facts.module, facts.extra)
+    values = {key: node[key] for key in node if key not in (RANGES, FACTS)}  # resolved: may point outside node
+    return instantiate(OmegaConf.create(values), _partial_=True)(**runtime)
+
+
+def _bounds(spec: str) -> list[tuple[float | None, float | None]]:
+    """'1..' -> [(1, None)]; '-1 | 1..' -> [(-1, -1), (1, None)]; '0..1' -> [(0, 1)]."""
+    bounds = []
+    for part in spec.split("|"):
+        low, dots, high = part.strip().partition("..")
+        low, high = (float(low) if low else None), (float(high) if high else None)
+        bounds.append((low, high) if dots else (low, low))
+    return bounds
+
+
+def describe_range(spec: str) -> str:
+    """A range as words: 'at least 1', '-1, or at least 1', 'from 0 to 1'."""
+    def words(low, high):
+        if low == high:
+            return f"{low:g}"
+        if high is None:
+            return f"at least {low:g}"
+        return f"at most {high:g}" if low is None else f"from {low:g} to {high:g}"
+
+    return ", or ".join(words(low, high) for low, high in _bounds(spec))
+
+
+def in_range(value: float, spec: str) -> bool:
+    return any((low is None or value >= low) and (high is None or value <= high) for low, high in _bounds(spec))
+
+
+def ranged_keys(cfg: DictConfig, prefix: str = "") -> Iterator[tuple[str, Any, str]]:
+    """(dotted key, value, range) for every key that a `_ranges_` beside it constrains, Hydra's own excluded."""
+    for key, node in cfg.items():
+        if isinstance(node, DictConfig) and key != "hydra":
+            yield from ranged_keys(node, f"{prefix}{key}.")
+    for key, spec in (cfg.get(RANGES) or {}).items():
+        yield f"{prefix}{key}", cfg.get(key), spec
+
+
+def check_ranges(cfg: DictConfig) -> None:
+    """Refuse, in one line, a number outside its key's range, and a crop larger than the resize before it."""
+    for key, value, spec in ranged_keys(cfg):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not in_range(value, spec):
+            raise ConfigError(f"{key}={value} is out of range: it must be {describe_range(spec)}")
+    data = cfg.get("data")
+    if data is not None and "val_resize" in data and data.val_resize < data.crop_size:
+        raise ConfigError(f"data.val_resize={data.val_resize} is smaller than data.crop_size={data.crop_size}: the "
+                          "validation crop is cut from the resized image; raise data.val_resize")
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1], node
+
+
+def _kind(default: Any) -> tuple[str, tuple[type, ...]] | None:
+    if isinstance(default, bool):
+        return "true or false", (bool,)
+    if isinstance(default, int):
+        return "a whole number", (int,)
+    if isinstance(default, float):
+        return "a number", (int, float)
+    return None
+
+
+AUTO_KEYS = {"loader.num_workers"}  # whole numbers that may also be measured at start-up
+
+
+def check(cfg: DictConfig) -> None:
+    """Refuse a missing value, an override whose type differs from the default of its key, or a number out of range.
+
+    Without a schema, Hydra takes `optim.lr=abc` as the string 'abc'; comparing against the
+    same options composed without the user's values catches that for every key of every group.
+    """
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"{missing[0]} has no value: pass {missing[0]}=...")
+    hydra_cfg = HydraConfig.get()
+    appended = {override.split("=")[0] for override in hydra_cfg.overrides.task if override.startswith("+")}
+    choices = [f"{'+' if f'+{group}' in appended else ''}{group}={option}"  # +experiment=...: not in defaults
+               for group, option in hydra_cfg.runtime.choices.items()
+               if not group.startswith("hydra") and option is not None]
+    defaults = compose(hydra_cfg.job.config_name, overrides=choices)
+    plain = OmegaConf.to_container(defaults, resolve=False)
+    for key, default in _leaves({k: v for k, v in plain.items() if k != "hydra"}):
+        kind = _kind(default)
+        value = OmegaConf.select(cfg, key)
+        if key in AUTO_KEYS and value == "auto":
+            continue
+        if kind and value is not None and (isinstance(value, bool) != (bool in kind[1])
+                                           or not isinstance(value, kind[1])):
+            raise ConfigError(f"{key}={value!r} is not {kind[0]}, as its default {default!r} is")
+    check_ranges(cfg)
+
+
+def linear_lr(base: float, reference_batch: int, *, _root_) -> float:
+    """`base` per `reference_batch` images of the global batch, train.batch_size times the processes of the job
+    (torchrun's WORLD_SIZE): the linear scaling rule of Goyal et al. (arXiv:1706.02677)."""
+    return base * _root_.train.batch_size * int(os.environ.get("WORLD_SIZE", 1)) / reference_batch
+
+
+NO_RENDEZVOUS_ID = "none"  # what torchrun sets TORCHELASTIC_RUN_ID to when the job was given no --rdzv-id
+
+
+def run_name() -> str:
+    """The run folder's name: torchrun's rendezvous id, the same on every rank, or the start time."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", NO_RENDEZVOUS_ID)
+    return f"torchrun-{run_id}" if run_id != NO_RENDEZVOUS_ID else time.strftime("%Y-%m-%d/%H-%M-%S")
+
+
+def rank_suffix() -> str:
+    """'' on rank 0, '-rank<N>' elsewhere: each rank's log file name."""
+    rank = int(os.environ.get("RANK", 0))
+    return f"-rank{rank}" if rank else ""
+
+
+# The resolvers train.yaml and the recipes use, registered with the functions: every entry point imports this
+# module before it composes a config.
+OmegaConf.register_new_resolver("run_name", run_name, replace=True)
+OmegaConf.register_new_resolver("rank_suffix", rank_suffix, replace=True)
+OmegaConf.register_new_resolver("linear_lr", linear_lr, replace=True)

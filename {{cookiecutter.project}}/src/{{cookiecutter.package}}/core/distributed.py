@@ -1,0 +1,116 @@
+"""One process per device under torchrun; a plain `python -m` run is a world of one.
+
+    torchrun --standalone --nproc-per-node=8 -m {{ cookiecutter.package }}.train
+"""
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from .config import ConfigError
+
+
+@dataclass
+class World:
+    rank: int
+    local_rank: int
+    size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of `tensor` over all processes (in place)."""
+        if self.size > 1:
+            dist.all_reduce(tensor)
+        return tensor
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        """Every process's `values` (as many on each), in rank order."""
+        table = torch.zeros(self.size, len(values), dtype=torch.float64, device=self.device)
+        table[self.rank] = torch.tensor(values, dtype=torch.float64)
+        return self.sum(table).tolist()
+
+    def any(self, flags: torch.Tensor) -> torch.Tensor:
+        """The element-wise maximum of `flags` over all processes: set where any process set it (in place)."""
+        if self.size > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return flags
+
+    def max(self, value: float) -> float:
+        """The largest `value` of any process."""
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        if self.size > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor.item())
+
+    def wrap(self, model: torch.nn.Module, sync_bn: bool) -> torch.nn.Module:
+        """DDP around the model when there are several processes; BatchNorm statistics shared if `sync_bn`."""
+        if self.size == 1:
+            return model
+        if sync_bn:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None)
+
+
+def setup(timeout_min: float = 30.0) -> World:
+    """Read torchrun's RANK, LOCAL_RANK and WORLD_SIZE; join the process group (NCCL on GPUs, gloo on CPUs).
+
+    A collective, or joining the group, that waits longer than `timeout_min` fails instead of hanging,
+    so that torchrun can restart the workers.
+    """
+    if "RANK" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ:  # a Slurm task of hydra/launcher=slurm
+        import submitit
+
+        submitit.helpers.TorchDistributedEnvironment().export()  # RANK, WORLD_SIZE, MASTER_ADDR, ... from Slurm's
+    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+    size = int(os.environ.get("WORLD_SIZE", 1))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if size > 1 and not dist.is_initialized():
+        timeout = datetime.timedelta(minutes=timeout_min)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
+                                store=restart_store(timeout), rank=rank, world_size=size)
+    return World(rank, local_rank, size, device)
+
+
+def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """The key-value store the process group is set up through, kept apart for each elastic restart.
+
+    torchrun hands its workers the rendezvous's TCP store, and keeps that same store across restarts
+    (pytorch/pytorch#135712): a restarted group that joins through it can read the previous group's
+    addresses and fail with "connectFullMesh ... Connection refused", or hang. On one node every worker
+    has the same TORCHELASTIC_RESTART_COUNT, so it names a fresh key space for each restart. On several
+    nodes it does not (only the failed node's agent counts the restart), so there restarts need torchrun
+    to give each restart its own store: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
+    None means torchrun's default (env://), which is right outside that case.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    if int(os.environ.get("GROUP_WORLD_SIZE", 1)) > 1:
+        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0:
+            raise ConfigError("torchrun --max-restarts on several nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+                              "in torchrun's environment, or restarted workers may join through stale addresses "
+                              "(pytorch/pytorch#135712); scripts/launch.sh sets it")
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model itself, without torch.compile or DistributedDataParallel around it, for portable checkpoints."""
+    model = getattr(model, "_orig_mod", model)  # what torch.compile wrapped
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,50 @@
+"""Faults injected on purpose (`faults.*`): to check that the report names what slows a run down, and that
+a failure ends the run in one line with nothing lost.
+
+- `faults.host_delay_ms=20` makes the host sleep before every forward pass, as a Python-heavy step would:
+  on a GPU the report must call the run host-bound, not data-bound.
+- `faults.worker_error_at=N` makes the loader worker that reads the Nth training image of the run raise
+  (counted across workers; see data.Images).
+- `faults.read_delay_ms=20` makes each training image take that much longer to load, in the loader worker:
+  a slow disk or decoder, which more workers hide; the report must call the run data-bound, and `tune`
+  must find the workers.
+"""
+import multiprocessing
+import time
+from collections.abc import Callable
+
+import torch
+
+from .config import ClearError
+
+
+class InjectedFault(ClearError):
+    """The failure `faults.*` asked for."""
+
+
+class FaultyReads:
+    """A worker transform slowed or failing on purpose: `read_delay_s` after each image, and an error at the
+    `fail_at`-th image the workers read (counted across them, from 1)."""
+
+    def __init__(self, transform: Callable, fail_at: int, read_delay_s: float):
+        self.transform, self.fail_at, self.read_delay_s = transform, fail_at, read_delay_s
+        self.reads = multiprocessing.Value("q", 0)  # shared by the workers
+
+    def __call__(self, payload):
+        with self.reads.get_lock():
+            self.reads.value += 1
+            reads = self.reads.value
+        if reads == self.fail_at:
+            raise InjectedFault(f"faults.worker_error_at={reads}: the loader worker reading training image number "
+                                f"{reads} of this run raised, as asked")
+        item = self.transform(payload)
+        if self.read_delay_s:  # even time.sleep(0) costs a tenth of a millisecond
+            time.sleep(self.read_delay_s)
+        return item
+
+
+def slow_host(model: torch.nn.Module, host_delay_ms: float) -> None:
+    """Sleep `host_delay_ms` on the host before each forward pass of `model` (the outermost wrapper, so
+    torch.compile never traces the sleep)."""
+    if host_delay_ms > 0:
+        model.register_forward_pre_hook(lambda module, args: time.sleep(host_delay_ms / 1000))

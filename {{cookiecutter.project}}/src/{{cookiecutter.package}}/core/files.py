@@ -1,0 +1,50 @@
+"""Files written so that nothing half-written looks valid, and the disk-space figures a failed write reports."""
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from .config import ClearError
+
+
+class WriteError(ClearError):
+    """A run file could not be written (a full disk, say); the previous version is intact."""
+
+
+# How torch.save reports a failed write: a RuntimeError from its C++ stream writer, not an OSError.
+WRITE_FAILED = re.compile(r"inline_container|PytorchStreamWriter|file write failed|basic_ios|iostream error")
+
+
+def free_bytes(path: Path) -> int:
+    """Free space on the disk that holds `path`, or would once it is made."""
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def bytes_in(path: Path) -> int:
+    """A file's size, or the sum of a folder's files."""
+    return path.stat().st_size if path.is_file() else sum(file.stat().st_size for file in path.rglob("*")
+                                                          if file.is_file())
+
+
+def disk_space(path: Path) -> str:
+    """The free space beside `path`, as a failed write's message gives it."""
+    free = free_bytes(path) / 2**20
+    return f"{free:.1f} MiB free on its disk{': it is full' if free < 1 else ''}"
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """write(temporary path), then rename over `path`, which readers therefore see whole or not at all."""
+    temporary = path.with_name(f".{path.name}.partial-{os.getpid()}")  # ranks may race
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except (OSError, RuntimeError) as err:
+        temporary.unlink(missing_ok=True)
+        if isinstance(err, RuntimeError) and not WRITE_FAILED.search(str(err)):
+            raise  # not a write that failed: a bug
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0]
+        raise WriteError(f"could not write {path}: {reason} ({disk_space(path)}); any earlier {path.name} is "
+                         "intact") from err

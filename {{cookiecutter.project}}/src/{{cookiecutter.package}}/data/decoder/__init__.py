@@ -1,0 +1,154 @@
+"""JPEG decoders: `decoder=<option>`, one module in this package and one file in conf/decoder/ each.
+
+Every decoder turns encoded bytes into the same thing, an RGB uint8 crop, and they agree within JPEG
+tolerance: the crop geometry and the final resize are shared, only the decode differs. None of them
+applies EXIF orientation, like the PIL path ImageNet models have always been trained with.
+
+Two kinds keep the `Decoder` contract (contracts.py):
+- a CPU decoder subclasses `CpuDecoder` and implements `decode(data, shrink)`; it may say which files it
+  `reads` (Pillow decodes the others) and read the size from the header faster than Pillow does. The
+  loader's workers decode, at 1/2, 1/4 or 1/8 scale where the decoder can and the crop allows, then crop and
+  resize;
+- a batch decoder subclasses `batch.BatchDecoder` and implements `decode_crops`: the workers only read
+  bytes and pick crops; the device decodes, crops and flips whole batches when they are uploaded.
+The crop, and with it the output size, comes from the data set's `TrainCrop` or `CenterCrop`.
+"""
+import io
+import math
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import cv2
+import numpy as np
+import torch
+from PIL import Image
+
+from ...contracts import Box, Crop, Decoder
+
+# What the decoding libraries raise for a file they cannot read: Pillow (OSError, SyntaxError, its
+# DecompressionBombError), OpenCV (cv2.error), simplejpeg (ValueError), TorchCodec (RuntimeError).
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, cv2.error, Image.DecompressionBombError)
+
+# One OpenCV thread per process: the loader's workers are the parallelism, and every CPU decoder ends
+# with cv2.resize. Set on import, so that workers started by spawn or forkserver get it too.
+cv2.setNumThreads(0)
+
+
+class Unreadable(Exception):
+    """A file that does not decode as an image: skipped and counted under data.on_error=skip."""
+
+
+@contextmanager
+def decoding() -> Iterator[None]:
+    """Around a decoding library's call, and only there: its errors mean an unreadable file, where the same
+    exception types from our own code (the crop, the resize) are bugs and must raise as they are."""
+    try:
+        yield
+    except DECODE_ERRORS as err:
+        raise Unreadable(f"{err.__class__.__name__}: {err}") from err
+
+
+def pil_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from the header alone."""
+    return Image.open(io.BytesIO(data)).size
+
+
+def exif_orientation(data: bytes) -> int:
+    """The EXIF orientation tag of an encoded image: 1 (as stored) when it has none."""
+    if data.find(b"Exif\0\0", 0, 1 << 16) < 0:  # the APP1 block sits in the header: most files are done here
+        return 1
+    return Image.open(io.BytesIO(data)).getexif().get(0x0112, 1)
+
+
+# For each EXIF orientation, what takes a CHW image turned as that tag says back to the pixels as stored.
+AS_STORED = {2: lambda x: x.flip(2), 3: lambda x: x.rot90(2, (1, 2)), 4: lambda x: x.flip(1),
+             5: lambda x: x.transpose(1, 2), 6: lambda x: x.rot90(1, (1, 2)),
+             7: lambda x: x.transpose(1, 2).flip(1).flip(2), 8: lambda x: x.rot90(-1, (1, 2))}
+
+
+def as_stored(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """A CHW image that a decoder turned by its EXIF orientation (TorchCodec always does), as stored: no
+    decoder here applies EXIF orientation (see the module's docstring)."""
+    return AS_STORED[orientation](image) if orientation in AS_STORED else image
+
+
+def is_cmyk_jpeg(data: bytes) -> bool:
+    """Adobe's inverted CMYK JPEGs, which libjpeg-based decoders other than Pillow's read the other way round."""
+    return data[:2] == b"\xff\xd8" and Image.open(io.BytesIO(data)).mode == "CMYK"
+
+
+def reads_as_jpeg(data: bytes) -> bool:
+    """A JPEG that libjpeg-turbo's other users read as Pillow does: not PNG under a .JPEG name, not Adobe's CMYK."""
+    return data[:2] == b"\xff\xd8" and not is_cmyk_jpeg(data)
+
+
+def pixel_box(box: Box, width: int, height: int) -> tuple[int, int, int, int]:
+    """The box in whole pixels, inside the image and at least one pixel wide."""
+    left, top = min(int(box[0]), width - 1), min(int(box[1]), height - 1)
+    return left, top, max(left + 1, min(round(box[2]), width)), max(top + 1, min(round(box[3]), height))
+
+
+def resize_box(image: np.ndarray, box: Box, size: int, flip: bool) -> torch.Tensor:
+    """The box of an HWC image, resized to size x size, still HWC: the device transposes whole batches."""
+    left, top, right, bottom = pixel_box(box, image.shape[1], image.shape[0])
+    region = image[top:bottom, left:right]
+    # Bilinear is 7x faster than area averaging and alias-free enough below 2x; the DCT-scaled decode
+    # already took care of any larger factor for JPEGs, so area averaging is left for the rest.
+    far = min(region.shape[:2]) >= 2 * size
+    resized = cv2.resize(region, (size, size), interpolation=cv2.INTER_AREA if far else cv2.INTER_LINEAR)
+    return torch.from_numpy(cv2.flip(resized, 1) if flip else resized)
+
+
+def dct_scale(shrink: float) -> int:
+    """The largest libjpeg DCT scale denominator (1, 2, 4, 8) that does not shrink below `shrink`."""
+    return max((d for d in (1, 2, 4, 8) if d <= shrink), default=1)
+
+
+def pillow_decode(data: bytes, shrink: float) -> np.ndarray:
+    """Pillow's decode, at 1/2, 1/4 or 1/8 scale (`draft`) when `shrink` allows: it reads every file ImageNet holds,
+    so it takes whatever another decoder does not read."""
+    image = Image.open(io.BytesIO(data))
+    if shrink >= 2:
+        image.draft("RGB", (math.ceil(image.width / shrink), math.ceil(image.height / shrink)))
+    return np.asarray(image.convert("RGB"))
+
+
+class CpuDecoder(Decoder):
+    """A decoder of single files in the workers: subclasses implement `decode`, and may implement `reads` and
+    `image_size`."""
+
+    @abstractmethod
+    def decode(self, data: bytes, shrink: float) -> np.ndarray:
+        """An HWC uint8 RGB image, at most `shrink` times smaller than full size."""
+
+    def reads(self, data: bytes) -> bool:
+        """Whether `decode` takes this file; Pillow decodes the others (PNG under a .JPEG name, CMYK, ...)."""
+        return True
+
+    def image_size(self, data: bytes) -> tuple[int, int]:
+        """(width, height), from the header."""
+        return pil_size(data)
+
+    def decode_any(self, data: bytes, shrink: float) -> np.ndarray:
+        return self.decode(data, shrink) if self.reads(data) else pillow_decode(data, shrink)
+
+    def transform(self, crop: Crop) -> Callable:
+        return DecodeCrop(self, crop)
+
+
+class DecodeCrop:
+    """What a CPU decoder's worker does to one image: read its size, pick the crop, decode just enough."""
+
+    def __init__(self, decoder: CpuDecoder, crop: Crop):
+        self.decoder, self.crop = decoder, crop
+
+    def __call__(self, data) -> torch.Tensor:
+        with decoding():
+            width, height = self.decoder.image_size(data)
+        box, flip = self.crop(width, height)
+        shrink = min(box[2] - box[0], box[3] - box[1]) / self.crop.size
+        with decoding():
+            image = self.decoder.decode_any(data, shrink)
+        sx, sy = image.shape[1] / width, image.shape[0] / height  # a reduced decode scales the box too
+        return resize_box(image, (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy), self.crop.size, flip)

@@ -1,0 +1,78 @@
+"""What the batch decoders (nvjpeg, dali) share: workers keep the bytes and pick the crop; the upload
+decodes, crops and flips the whole batch on the device.
+
+`on_cpu: true` runs the same batched path with the CPU as the device, for tests and machines without a GPU.
+The files a GPU decoder cannot take (PNG under a .JPEG name, CMYK, truncated) are decoded by Pillow in
+the worker and travel as pixels, so a batch may mix the two.
+"""
+from abc import abstractmethod
+from collections.abc import Callable
+
+import torch
+
+from ... import options
+from ...contracts import Crop, Decoder
+from ...core.config import ConfigError
+from . import DecodeCrop, Unreadable, decoding, exif_orientation, pil_size, pixel_box, reads_as_jpeg
+from .pil import PilDecoder
+
+
+class Encoded:
+    """One image for the device to decode: its bytes, its crop box in whole pixels, whether to flip it."""
+
+    def __init__(self, data: torch.Tensor, box: tuple[int, int, int, int], flip: bool, size: int,
+                 orientation: int):
+        self.data, self.box, self.flip, self.size = data, box, flip, size
+        self.orientation = orientation  # EXIF's, for a decoder that applies it to undo it
+
+
+class EncodedOrPixels:
+    """The worker's side: the bytes and crop of a JPEG the device reads, or Pillow's crop of anything else."""
+
+    def __init__(self, crop: Crop):
+        self.crop, self.fallback = crop, DecodeCrop(PilDecoder(), crop)
+
+    def __call__(self, data: bytes) -> Encoded | torch.Tensor:
+        with decoding():
+            on_the_device = reads_as_jpeg(data)
+            width, height = pil_size(data)
+        if not on_the_device:
+            return self.fallback(data)
+        if not data.rstrip(b"\0").endswith(b"\xff\xd9"):  # one truncated file would fail its whole batch
+            raise Unreadable("truncated JPEG: no end-of-image marker")
+        box, flip = self.crop(width, height)
+        return Encoded(torch.frombuffer(bytearray(data), dtype=torch.uint8), pixel_box(box, width, height), flip,
+                       self.crop.size, exif_orientation(data))
+
+
+class BatchDecoder(Decoder):
+    """Subclasses implement `decode_crops`: a list of `Encoded` -> uint8 NCHW crops on the device."""
+
+    def __init__(self, on_cpu: bool):
+        self.on_cpu = on_cpu
+
+    @property
+    def name(self) -> str:
+        return type(self).__module__.rsplit(".", 1)[-1]
+
+    def check_device(self, device: torch.device) -> None:
+        if not self.on_cpu and device.type != "cuda":
+            raise ConfigError(f"decoder={self.name} decodes on the GPU and this run has none: pass "
+                              f"decoder.on_cpu=true to run its batched path on the CPU, or pick "
+                              f"decoder={options.fastest_cpu_decoder()}")
+
+    def transform(self, crop: Crop) -> Callable:
+        return EncodedOrPixels(crop)
+
+    def collate(self, samples: list) -> tuple[list, torch.Tensor]:
+        return [item for item, _ in samples], torch.tensor([label for _, label in samples])
+
+    def upload(self, items: list, device: torch.device, non_blocking: bool) -> torch.Tensor:
+        encoded = [item for item in items if isinstance(item, Encoded)]
+        crops = iter(self.decode_crops(encoded, device, non_blocking) if encoded else [])
+        return torch.stack([next(crops) if isinstance(item, Encoded)
+                            else item.to(device, non_blocking=non_blocking).permute(2, 0, 1) for item in items])
+
+    @abstractmethod
+    def decode_crops(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> torch.Tensor:
+        """The crops of `encoded`, decoded on the device, as uint8 NCHW."""

@@ -1,0 +1,63 @@
+"""Where the images are read from: `format=<option>`, one module here each, building `Stores` (contracts.py);
+`python -m <package>.pack` writes the packed ones.
+
+A packed data set is a folder holding one file per split and `pack.json`, written last, that names the
+format, the classes and each file's size, so a truncated or foreign file is refused before training.
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ...contracts import Store, Stores
+from ...core.config import ConfigError
+
+META = "pack.json"
+SPLITS = ("train", "val")
+
+
+class Packed(Store):
+    """A split of a packed file; `name` is the file and the index within it."""
+
+    def __init__(self, path: Path, labels: np.ndarray):
+        super().__init__(labels)
+        self.path = path
+
+    def name(self, index: int) -> str:
+        return f"{self.path}[{index}]"
+
+
+def read_meta(folder: Path, format: str) -> dict:
+    """pack.json of a packed folder, refusing a folder of another format or one whose files do not match it."""
+    meta_path = folder / META
+    if not folder.is_dir():
+        raise ConfigError(f"format.path={folder} does not exist; "
+                          "write it with python -m {{ cookiecutter.package }}.pack")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{folder} has no {META}: it is not a packed data set, or its pack did not finish") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{meta_path} is unreadable: {err}") from None
+    if meta.get("format") != format:
+        raise ConfigError(f"{folder} holds format={meta.get('format')}, not format={format}")
+    for split in SPLITS:
+        expected = meta["splits"][split]["bytes"]
+        path = folder / meta["splits"][split]["file"]
+        actual = path.stat().st_size if path.exists() else 0
+        if actual != expected:
+            raise ConfigError(f"{path} has {actual} bytes where {META} says {expected}: truncated or replaced; "
+                              "pack it again")
+    return meta
+
+
+def split_file(folder: Path, meta: dict, split: str) -> Path:
+    return folder / meta["splits"][split]["file"]
+
+
+def open_packed(path: str, stage, format: str, reader) -> Stores:
+    """The splits of a packed folder (staged first, if asked), each opened by `reader(file, meta, split)`."""
+    folder = stage(Path(path).expanduser())
+    meta = read_meta(folder, format)
+    return Stores(*(reader(split_file(folder, meta, split), meta["splits"][split]) for split in SPLITS),
+                  meta["classes"])

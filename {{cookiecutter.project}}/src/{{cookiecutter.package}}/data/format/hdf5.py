@@ -1,0 +1,50 @@
+"""`format=hdf5`: every split's encoded JPEG bytes end to end in one HDF5 dataset, with offsets and labels.
+
+One big file instead of many small ones: a network file system or a cold disk serves it in long reads.
+"""
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from ...core.config import ConfigError
+from . import Packed, Stores, open_packed
+
+SUFFIX = ".h5"
+CHUNK = 1 << 20  # bytes per HDF5 chunk of the byte stream
+
+
+class Hdf5Images(Packed):
+    def __init__(self, path: Path, split: dict):
+        try:
+            with h5py.File(path, "r") as file:  # read the index and close: workers open their own handle
+                offsets, labels = file["offsets"][:], file["labels"][:]
+        except (OSError, KeyError) as err:
+            raise ConfigError(f"{path} is not a readable HDF5 pack (written by pack): {err}") from None
+        super().__init__(path, labels)
+        self.offsets = offsets
+
+    def open(self) -> None:
+        self._bytes = h5py.File(self.path, "r")["bytes"]
+
+    def payload(self, index: int) -> bytes:
+        return self._bytes[self.offsets[index]:self.offsets[index + 1]].tobytes()
+
+
+def write(path: Path, records) -> None:
+    """Append (bytes, label) records to a new file."""
+    offsets, labels = [0], []
+    with h5py.File(path, "w") as file:
+        stream = file.create_dataset("bytes", (0,), dtype=np.uint8, maxshape=(None,), chunks=(CHUNK,))
+        for data, label in records:
+            start = offsets[-1]
+            stream.resize((start + len(data),))
+            stream[start:] = np.frombuffer(data, np.uint8)
+            offsets.append(start + len(data))
+            labels.append(label)
+        file["offsets"] = np.array(offsets, dtype=np.int64)
+        file["labels"] = np.array(labels, dtype=np.int64)
+
+
+def build(path: str, source, stage) -> Stores:
+    return open_packed(path, stage, "hdf5", Hdf5Images)

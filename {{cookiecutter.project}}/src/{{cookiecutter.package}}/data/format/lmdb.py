@@ -1,0 +1,59 @@
+"""`format=lmdb`: encoded bytes in an LMDB key-value file, memory-mapped and read without locks."""
+from pathlib import Path
+
+import numpy as np
+
+from ...core.config import ConfigError
+from . import Packed, Stores, open_packed
+
+SUFFIX = ".lmdb"
+LABELS = b"__labels__"
+
+
+def _key(index: int) -> bytes:
+    return f"{index:09d}".encode()
+
+
+def _environment(path: Path, **options):
+    import lmdb  # the extra, checked where the option is built (its _facts_) and by pack
+    # lock=False: the file is read-only from here on; readahead=False: random reads should not drag in neighbours
+    return lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False, meminit=False,
+                     max_readers=1024, **options)
+
+
+class LmdbImages(Packed):
+    def __init__(self, path: Path, split: dict):
+        import lmdb
+        try:
+            with _environment(path) as env, env.begin() as txn:
+                labels = np.frombuffer(txn.get(LABELS), np.int64).copy()
+        except (lmdb.Error, TypeError) as err:
+            raise ConfigError(f"{path} is not a readable LMDB pack (written by pack): {err}") from None
+        super().__init__(path, labels)
+
+    def open(self) -> None:
+        self._txn = _environment(self.path).begin(buffers=False)
+
+    def payload(self, index: int) -> bytes:
+        return self._txn.get(_key(index))
+
+
+def write(path: Path, records) -> None:
+    import lmdb
+    labels = []
+    # A sparse map: the file grows only as far as it is written.
+    with lmdb.open(str(path), subdir=False, map_size=1 << 40, lock=True, sync=True) as env:
+        txn = env.begin(write=True)
+        for index, (data, label) in enumerate(records):
+            txn.put(_key(index), data)
+            labels.append(label)
+            if index % 1000 == 999:
+                txn.commit()
+                txn = env.begin(write=True)
+        txn.put(LABELS, np.array(labels, dtype=np.int64).tobytes())
+        txn.commit()
+    Path(f"{path}-lock").unlink(missing_ok=True)  # readers open with lock=False; a stale lock file would be copied
+
+
+def build(path: str, source, stage) -> Stores:
+    return open_packed(path, stage, "lmdb", LmdbImages)

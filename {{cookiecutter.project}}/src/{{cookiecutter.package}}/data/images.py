@@ -1,0 +1,166 @@
+"""The training and validation data sets: a store's images through the decoder's worker transform, the crops
+cut from them, and the skip policy for unreadable files. loaders.py puts them together with the other data
+options.
+"""
+import logging
+import multiprocessing
+import random
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import Dataset
+
+from ..contracts import Decoder, Store, Stores
+from ..core.config import ClearError, ConfigError
+from ..core.distributed import World
+from .crops import CenterCrop, TrainCrop
+from .decoder import Unreadable
+from .sources import Source
+
+log = logging.getLogger(__name__)
+
+
+class UnreadableImage(ClearError):
+    """An image that does not decode, under data.on_error=raise."""
+
+
+class WrongDataSet(ClearError):
+    """Too many unreadable images: the data, not a few bad files."""
+
+
+BAD_ALLOWED = 10  # unreadable images always skipped, however small the data set: data.max_bad_fraction judges beyond
+REPLACEMENTS = BAD_ALLOWED + 1  # images tried after an unreadable one; more than that many bad ones stop the run
+
+
+class Images(Dataset):
+    """A store's payloads through the decoder's worker transform; an unreadable one is skipped or raised.
+
+    Indices come from the sampler, for training as (index, epoch): the random crop and flip of an image
+    are then drawn from a generator seeded by (seed, epoch, index), whichever worker reads it, so a run
+    resumed mid-epoch, with any worker count, sees the augmentation the uninterrupted run would have.
+
+    The skip policy judges the data set, not the order it is read in: it counts distinct unreadable
+    images, however many times and by whichever worker, epoch or process they are read, and stops the run
+    once they are more than data.max_bad_fraction of the split can ever allow. The same files get the same
+    decision in every epoch and after a resume (the flags travel in the checkpoint).
+    """
+
+    def __init__(self, store: Store, transform, on_error: str, max_bad_fraction: float = 0.01, seed: int = 0,
+                 split: str = "training"):
+        if on_error not in ("skip", "raise"):
+            raise ConfigError(f"data.on_error={on_error!r}: pick skip or raise")
+        self.store, self.transform, self.on_error = store, transform, on_error
+        self.max_bad_fraction, self.seed, self.split = max_bad_fraction, seed, split
+        # In shared memory, so that every worker and every epoch sees them: one flag per image found unreadable,
+        # and their count (whose lock also guards setting a flag).
+        self.bad = multiprocessing.RawArray("b", len(store))
+        self.bad_count = multiprocessing.Value("q", 0)
+        self.shared_count = 0  # the flags all processes held at the last share_unreadable
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    @property
+    def allowed_bad(self) -> float:
+        """Unreadable images this split may hold: data.max_bad_fraction of it, and never fewer than BAD_ALLOWED."""
+        return max(self.max_bad_fraction * len(self.store), BAD_ALLOWED)
+
+    def bad_flags(self) -> torch.Tensor:
+        return torch.frombuffer(self.bad, dtype=torch.int8)
+
+    def __getitem__(self, key: int | tuple[int, int]):
+        index, epoch = key if isinstance(key, tuple) else (key, None)
+        if epoch is not None:
+            random.seed(hash((self.seed, epoch, index)))  # ints and tuples of them hash the same in every process
+        for position in (index + offset for offset in range(min(REPLACEMENTS, len(self.store)))):
+            position %= len(self.store)
+            try:
+                payload, label = self.store.read(position)
+                return self.transform(payload), label
+            except Unreadable as err:
+                self._skip(position, err)
+        raise WrongDataSet(f"{REPLACEMENTS} images in a row from {self.store.name(index)} on are unreadable: is "
+                           "this the data set you meant?")
+
+    def _skip(self, position: int, err: Unreadable) -> None:
+        name = self.store.name(position)
+        if self.on_error == "raise":
+            raise UnreadableImage(f"unreadable image {name}: {err} (data.on_error=skip would skip it)") from err
+        with self.bad_count.get_lock():
+            new = not self.bad[position]
+            self.bad[position] = 1
+            self.bad_count.value += new
+            found = self.bad_count.value
+        if new:
+            log.warning("skipping unreadable image %s: %s", name, err)
+        self.judge(found)
+
+    def judge(self, found: int) -> None:
+        """Stop the run once `found` distinct unreadable images are more than the split may hold."""
+        if found > self.allowed_bad:
+            raise WrongDataSet(f"{found} of the {len(self)} {self.split} images are unreadable, more than "
+                               f"data.max_bad_fraction={self.max_bad_fraction:g} allows ({self.allowed_bad:g}): is "
+                               "this the data set you meant? (raise data.max_bad_fraction to train on it anyway)")
+
+    def adopt_unreadable(self, flags: torch.Tensor) -> None:
+        """Take `flags` (every process's, combined) as this process's, and judge the split on them."""
+        with self.bad_count.get_lock():
+            self.bad_flags().copy_(flags.to(torch.int8))
+            self.bad_count.value = self.shared_count = int(flags.count_nonzero())
+        self.judge(self.shared_count)
+
+    def unreadable_state(self) -> list[int]:
+        """The images found unreadable: a resumed run starts with them, and counts none of them twice."""
+        return self.bad_flags().nonzero().flatten().tolist()
+
+    def load_unreadable_state(self, positions: list[int]) -> None:
+        with self.bad_count.get_lock():
+            flags = self.bad_flags()
+            flags[positions] = 1
+            self.bad_count.value = self.shared_count = int(flags.count_nonzero())
+
+
+@dataclass
+class Splits:
+    train: Images
+    val: Images
+    classes: list[str]
+    decoder: Decoder
+
+    def skipped_files(self, world: World) -> int:
+        """Images found unreadable by any worker of any process, each counted once."""
+        flags = torch.cat([self.train.bad_flags(), self.val.bad_flags()]).to(world.device, torch.int32)
+        return int(world.sum(flags).count_nonzero())
+
+    def share_unreadable(self, world: World) -> None:
+        """Every process holds, and judges the data set on, the unreadable images any of them found.
+
+        One all-reduce of two numbers per call; the flags themselves cross only when some process found new ones.
+        Alone, a process has nothing to share: its workers judged as they flagged.
+        """
+        if world.size == 1:
+            return
+        splits = (self.train, self.val)
+        found = world.sum(torch.tensor([images.bad_count.value - images.shared_count for images in splits],
+                                       device=world.device)).tolist()
+        for images, new in zip(splits, found):
+            if new:
+                images.adopt_unreadable(world.any(images.bad_flags().to(world.device, torch.uint8)).cpu())
+
+    def unreadable_state(self) -> dict[str, list[int]]:
+        return {"train": self.train.unreadable_state(), "val": self.val.unreadable_state()}
+
+    def load_unreadable_state(self, state: dict[str, list[int]]) -> None:
+        self.train.load_unreadable_state(state.get("train", []))
+        self.val.load_unreadable_state(state.get("val", []))
+
+
+def make_splits(source: Source, stores: Stores, decoder: Decoder, seed: int = 0) -> Splits:
+    """Training and validation data sets: random crops for one, the deterministic centre crop for the other."""
+    size, on_error, fraction = source.crop_size, source.on_error, source.max_bad_fraction
+    return Splits(Images(stores.train, decoder.transform(TrainCrop(size)), on_error, fraction, seed, "training"),
+                  Images(stores.val, decoder.transform(CenterCrop(size, source.val_resize)), on_error, fraction,
+                         split="validation"),
+                  stores.classes, decoder)
+
+

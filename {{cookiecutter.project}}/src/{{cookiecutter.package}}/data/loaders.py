@@ -1,0 +1,142 @@
+"""Assembling the loaders: the data, format, staging, decoder and prefetcher options, each built from its own
+node, into training and validation batches that reach the step as normalised float images on the device.
+
+The loop sees `Loaders` and nothing of which options were picked.
+"""
+import random
+import signal
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader, Dataset
+
+from .. import options
+from ..contracts import Prefetcher, ResumableLoader, Stores
+from ..core.config import RANGES, ConfigError, build
+from ..core.distributed import World
+from ..core.faults import FaultyReads
+from .device import ToDevice
+from .images import Images, Splits, make_splits
+from .sampling import EpochSampler, Shard
+from .workers import pick_num_workers
+
+
+@dataclass
+class Loaders:
+    train: Prefetcher
+    val: Prefetcher
+    num_workers: int  # as given, or as loader.num_workers=auto measured it
+    splits: Splits
+
+    @property
+    def classes(self) -> list[str]:
+        return self.splits.classes
+
+    def skipped_files(self, world: World) -> int:
+        """Unreadable files met so far, counted once each across workers and processes."""
+        return self.splits.skipped_files(world)
+
+    def share_unreadable(self, world: World) -> None:
+        """At each logging window: the same unreadable images, and the same decision on them, in every process."""
+        self.splits.share_unreadable(world)
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed Python's and NumPy's generators from the per-worker, per-epoch seed torch gives each worker."""
+    # Ctrl-C and Slurm's SIGTERM reach the workers too; the training process alone decides how to stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+class SampledLoader(DataLoader):
+    """A DataLoader over our samplers, a `ResumableLoader` (contracts.py). Where an epoch stands is all a resumed
+    run needs, since augmentation is seeded per image: its state is empty."""
+
+    def set_epoch(self, epoch: int, skip_images: int = 0) -> None:
+        """Shuffle for `epoch`, leaving out the first `skip_images` images all processes trained on; the
+        loader's len is then the batches left."""
+        self.sampler.set_epoch(epoch, skip_images)
+
+    def state(self, epoch: int, images_done: int) -> dict:
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        """Nothing to restore beyond the epoch and the images trained that set_epoch is given."""
+
+
+def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: int, world: World,
+                num_workers: int, prefetch_factor: int, pin_memory: bool, persistent_workers: bool,
+                collate=None) -> SampledLoader:
+    """Training batches are shuffled and full, a different share per process; validation covers each image once.
+
+    The training sampler (a DistributedSampler) serves a single process too (one replica needs no process
+    group); its order depends only on seed and epoch, so a resumed run sees the order the uninterrupted
+    one would have, from the batch where it stopped.
+    """
+    sampler = (EpochSampler(dataset, world.size, world.rank, seed=seed)
+               if train else Shard(dataset, world))
+    return SampledLoader(
+        dataset, batch_size=batch_size, sampler=sampler, drop_last=train, num_workers=num_workers,
+        collate_fn=collate, pin_memory=pin_memory and world.device.type == "cuda",
+        prefetch_factor=prefetch_factor if num_workers else None,
+        persistent_workers=persistent_workers and num_workers > 0,
+        worker_init_fn=seed_worker,
+        generator=torch.Generator().manual_seed(seed + world.rank),  # a new worker base seed each epoch
+    )
+
+
+def training_loader(stores: Stores, images: Images, batch_size: int, seed: int, world: World, collate,
+                    **settings) -> ResumableLoader:
+    """Ours, or the format's own where it shards and shuffles the stream itself."""
+    if stores.train_loader is None:
+        return make_loader(images, batch_size, True, seed, world, collate=collate, **settings)
+    return stores.train_loader(images, batch_size=batch_size, seed=seed, collate=collate, worker_init_fn=seed_worker,
+                               **{**settings, "pin_memory": settings["pin_memory"] and world.device.type == "cuda"})
+
+
+def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, decoder: DictConfig,
+                 prefetcher: DictConfig, loader: DictConfig, *, batch_size: int, seed: int, world: World,
+                 memory_format: torch.memory_format, worker_error_at: int = -1, read_delay_ms: float = 0.0) -> Loaders:
+    """Build each option from its node and put them together; the last two are faults.worker_error_at and
+    faults.read_delay_ms. Options that cannot work together are refused first, from what their facts say."""
+    check_fit(format, staging, decoder)
+    source = build(data)
+    stores = build(format, source=source, stage=build(staging, world=world))
+    chosen = build(decoder)
+    chosen.check_device(world.device)
+    splits = make_splits(source, stores, chosen, seed)
+    if worker_error_at > 0 or read_delay_ms > 0:
+        splits.train.transform = FaultyReads(splits.train.transform, worker_error_at, read_delay_ms / 1000)
+    settings = {key: value for key, value in loader.items() if key != RANGES}
+    non_blocking = settings.pop("non_blocking")
+    settings["num_workers"] = pick_num_workers(
+        settings["num_workers"], splits.train, batch_size, f"{decoder._target_}|crop {source.crop_size}",
+        lambda count: training_loader(stores, splits.train, batch_size, seed, world, chosen.collate,
+                                      **{**settings, "num_workers": count, "persistent_workers": False}))
+    to_device = ToDevice(chosen, world.device, non_blocking, memory_format)
+    train = training_loader(stores, splits.train, batch_size, seed, world, chosen.collate, **settings)
+    val = make_loader(splits.val, batch_size, False, seed, world, collate=chosen.collate, **settings)
+    train, val = (build(prefetcher, to_device=to_device, loader=loader) for loader in (train, val))
+    return Loaders(train, val, settings["num_workers"], splits)
+
+
+def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig) -> None:
+    """Refuse, in one line, a decoder that does not fit what the format stores, and a staging with nothing to copy."""
+    stored, decoding = options.facts_of(format), options.facts_of(decoder)
+    picked = {group: f"{group}={options.name_of(group, node)}"
+              for group, node in (("format", format), ("staging", staging), ("decoder", decoder))}
+    if stored.holds_pixels and not decoding.takes_pixels:
+        raise ConfigError(f"{picked['format']} stores decoded pixels, so there is nothing to decode: pass "
+                          f"decoder={options.having('decoder', 'takes_pixels')[0]}")
+    if decoding.takes_pixels and not stored.holds_pixels:
+        raise ConfigError(f"{picked['decoder']} is for formats that store decoded pixels "
+                          f"({', '.join('format=' + name for name in options.having('format', 'holds_pixels'))}), "
+                          f"and {picked['format']} stores encoded files: pick a decoder, such as "
+                          f"decoder={options.fastest_cpu_decoder()}")
+    if stored.streams and options.facts_of(staging).copies_to_ram:
+        raise ConfigError(f"{picked['staging']} has nothing to copy: {picked['format']} {stored.streams}")

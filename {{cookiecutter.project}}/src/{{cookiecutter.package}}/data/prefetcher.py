@@ -1,0 +1,138 @@
+"""How batches reach the device: `prefetcher=none|thread|cuda_stream|resident`.
+
+Each is a `Prefetcher` (contracts.py): it wraps the loader, keeps its len and place in the epoch, and yields
+(normalised images, labels) on the device.
+- `none`: copy and normalise in the training thread, just before the step.
+- `thread`: a background thread keeps `depth` batches copied and normalised ahead (pick when the host
+  side of a batch, collation and the copy, shows up as data time).
+- `cuda_stream`: the copy and normalisation of batch i+1 run on a side CUDA stream while batch i computes.
+- `resident`: no loading at all. The first batch stays on the device and is replayed for every step: the
+  compute ceiling, timed by the same loop as the real pipelines it is compared with. (Validation scores
+  are then those of one batch.)
+"""
+import queue
+import threading
+from collections.abc import Iterator
+
+import torch
+
+from ..contracts import Batch, Prefetcher, ResumableLoader, ToDevice
+from ..core.config import ConfigError
+
+
+class NoPrefetcher(Prefetcher):
+    """Each batch copied and normalised in the training thread, just before its step."""
+
+    def __iter__(self) -> Iterator[Batch]:
+        for batch in self.loader:
+            yield self.to_device(batch)
+
+
+class _Raised:
+    """An exception from the background thread, re-raised in the training thread."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class ThreadPrefetcher(Prefetcher):
+    """A bounded queue of ready batches filled by a background thread, in the spirit of BackgroundGenerator."""
+
+    def __init__(self, loader: ResumableLoader, to_device: ToDevice, depth: int):
+        super().__init__(loader, to_device)
+        self.depth = depth
+
+    def __iter__(self) -> Iterator[Batch]:
+        ready, stop = queue.Queue(self.depth), threading.Event()
+        done = object()
+
+        def offer(item) -> bool:
+            """Queue `item` unless the consumer has left; a blocking put would wait for it forever."""
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def fill() -> None:
+            try:
+                for batch in self.loader:
+                    if not offer(self.to_device(batch)):
+                        return
+                offer(done)
+            except BaseException as error:  # noqa: BLE001 - handed to the training thread as it is
+                offer(_Raised(error))
+
+        thread = threading.Thread(target=fill, daemon=True, name="prefetcher")
+        thread.start()
+        try:
+            while (item := ready.get()) is not done:
+                if isinstance(item, _Raised):
+                    raise item.error
+                yield item
+        finally:
+            stop.set()  # a consumer that stops early (max_steps, limit_val_batches) frees the thread
+            thread.join()
+
+
+class CudaStreamPrefetcher(Prefetcher):
+    """Apex's data_prefetcher: batch i+1 is copied and normalised on a side stream while batch i computes."""
+
+    def __iter__(self) -> Iterator[Batch]:
+        stream = torch.cuda.Stream()
+        batches = iter(self.loader)
+
+        def preload():
+            batch = next(batches, None)
+            if batch is None:
+                return None
+            with torch.cuda.stream(stream):
+                return self.to_device(batch)
+
+        upcoming = preload()
+        while upcoming is not None:
+            torch.cuda.current_stream().wait_stream(stream)
+            images, labels = upcoming
+            # Made on the side stream, used on the main one: tell the caching allocator not to reuse
+            # their memory until the main stream's work on them is done.
+            images.record_stream(torch.cuda.current_stream())
+            labels.record_stream(torch.cuda.current_stream())
+            upcoming = preload()
+            yield images, labels
+
+
+class ResidentBatch(Prefetcher):
+    """The first batch, copied and normalised once, then handed out as many times as the loader has batches."""
+
+    def __init__(self, loader: ResumableLoader, to_device: ToDevice):
+        super().__init__(loader, to_device)
+        self.batch = None
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self.batch is None:
+            self.batch = self.to_device(next(iter(self.loader)))
+        for _ in range(len(self)):
+            yield self.batch
+
+
+def none(loader: ResumableLoader, to_device: ToDevice) -> Prefetcher:
+    return NoPrefetcher(loader, to_device)
+
+
+def thread(loader: ResumableLoader, to_device: ToDevice, depth: int) -> Prefetcher:
+    if depth < 1:
+        raise ConfigError(f"prefetcher.depth={depth}: keep at least 1 batch ready")
+    return ThreadPrefetcher(loader, to_device, depth)
+
+
+def cuda_stream(loader: ResumableLoader, to_device: ToDevice) -> Prefetcher:
+    if not torch.cuda.is_available():
+        raise ConfigError("prefetcher=cuda_stream overlaps copies on a CUDA stream and this run has no GPU: "
+                          "pick prefetcher=thread")
+    return CudaStreamPrefetcher(loader, to_device)
+
+
+def resident(loader: ResumableLoader, to_device: ToDevice) -> Prefetcher:
+    return ResidentBatch(loader, to_device)

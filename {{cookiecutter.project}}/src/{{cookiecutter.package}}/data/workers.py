@@ -1,0 +1,84 @@
+"""`loader.num_workers=auto`: time a short sweep of worker counts once per machine and data set, keep the fastest."""
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..core.config import ConfigError
+from ..core.files import WriteError, write_atomic
+from ..core.hardware import cores_per_process
+
+log = logging.getLogger(__name__)
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "{{ cookiecutter.package }}" / "num_workers.json"
+WARMUP_BATCHES = 2  # worker start-up and first file reads, not counted
+TIMED_BATCHES = 8
+CLOSE_ENOUGH = 0.05  # a smaller count within 5% of the fastest wins: fewer processes, less memory
+
+
+def candidates(cores: int) -> list[int]:
+    """1, 2, 4, ... up to the cores this process may use, and that count itself."""
+    counts, count = {cores}, 1
+    while count < cores:
+        counts.add(count)
+        count *= 2
+    return sorted(counts)
+
+
+def images_per_s(loader, batch_size: int) -> float:
+    batches = iter(loader)
+    for _ in range(WARMUP_BATCHES):
+        next(batches)
+    start, timed = time.perf_counter(), 0
+    for timed, _ in enumerate(batches, start=1):
+        if timed == TIMED_BATCHES:
+            break
+    return timed * batch_size / (time.perf_counter() - start)
+
+
+def read_cache() -> dict:
+    """The measured worker counts, or none when the cache is missing or unreadable: they are measured again."""
+    try:
+        return json.loads(CACHE.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        log.warning("loader.num_workers=auto: ignoring the unreadable cache %s (%s)", CACHE, err)
+        return {}
+
+
+def pick_num_workers(value: int | str, dataset, batch_size: int, work: str,
+                     loader_with: Callable[[int], Iterable]) -> int:
+    """The worker count to use: `value` as given, or for `auto` the fastest of a sweep of `loader_with(count)`,
+    measured once per machine, data set and `work` (what the workers do to each image)."""
+
+    if value != "auto":
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"loader.num_workers={value!r}: pass a count (0 = load in the training process) or auto")
+        return value
+    cores = cores_per_process()
+    key = f"{platform.node()}|{cores} cores|{dataset.store.name(0)}|{len(dataset)}|{work}|batch {batch_size}"
+    cache = read_cache()
+    if key in cache:
+        log.info("loader.num_workers=auto: %d (measured before, cached in %s)", cache[key], CACHE)
+        return cache[key]
+    if len(dataset) < (WARMUP_BATCHES + TIMED_BATCHES) * batch_size:
+        raise ConfigError(f"loader.num_workers=auto times {WARMUP_BATCHES + TIMED_BATCHES} batches and the training "
+                          f"set has {len(dataset) // batch_size}: pass a count")
+    rates = {}
+    for count in candidates(cores):
+        rates[count] = images_per_s(loader_with(count), batch_size)
+    best = max(rates.values())
+    chosen = min(count for count, rate in rates.items() if rate >= (1 - CLOSE_ENOUGH) * best)
+    log.info("loader.num_workers=auto: %s images/s by worker count; using %d",
+             ", ".join(f"{count}: {rate:.0f}" for count, rate in rates.items()), chosen)
+    try:
+        CACHE.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(CACHE, lambda path: path.write_text(json.dumps({**cache, key: chosen}, indent=1)))
+    except (OSError, WriteError) as err:
+        log.warning("loader.num_workers=auto: could not cache the measurement in %s (%s); the next run measures "
+                    "again", CACHE, err)
+    return chosen

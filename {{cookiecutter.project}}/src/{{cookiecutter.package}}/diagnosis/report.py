@@ -1,0 +1,101 @@
+"""The end-of-run report: the run's figures from the process the others waited for, rendered as text with the
+verdict and the suggestions of diagnosis.py."""
+import dataclasses
+import os
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from ..core.distributed import World
+from ..core.hardware import cpu_description
+from ..loop.clock import Window
+from ..loop.run import Run
+from .verdict import Settings, diagnose
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def environment(device: torch.device) -> dict[str, str]:
+    """Library versions and hardware, so a figure can be traced to where it was measured."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_description()[0]
+    libraries = ("torch", "torchvision", "hydra-core", "omegaconf", "numpy", "pillow", "opencv-python-headless",
+                 "simplejpeg", "h5py", "lmdb", "nvidia-dali-cuda130")
+    return {"python": platform.python_version(), **{lib: _version(lib) for lib in libraries},
+            "device": f"{device.type}: {name}", "cpu_cores": str(os.cpu_count())}
+
+
+def run_totals(windows: list[tuple[Window, dict[str, float]]], world: World) -> tuple[Window, dict[str, float], int]:
+    """The run's split and system figures, all from one process, and its rank.
+
+    That process is the one whose device sat idle longest (data stall plus host overhead): under DDP the
+    others wait for it at every gradient all-reduce. The first window (worker start-up, allocator warm-up)
+    is left out when there are more.
+    """
+    measured = windows[1:] or windows
+    total = sum((window for window, _ in measured), Window())
+    tags = sorted(measured[0][1]) if measured else []
+    system = [float(np.mean([values[tag] for _, values in measured])) for tag in tags]
+    fields = [field.name for field in dataclasses.fields(Window)]
+    rows = [dict(zip([*fields, *tags], row)) for row in world.gather([*dataclasses.astuple(total), *system])]
+    rank = max(range(len(rows)), key=lambda index: rows[index]["data_s"] + rows[index]["host_s"])
+    timed = rows[rank]
+    return (Window(**{name: type(getattr(total, name))(timed[name]) for name in fields}),
+            {tag: timed[tag] for tag in tags}, rank)
+
+
+def format_report(summary: dict) -> str:
+    system = "  ".join(f"{tag.removeprefix('sys/')} {value:.1f}" for tag, value in summary["system"].items())
+    processes = summary.get("processes", 1)
+    lines = [
+        "",
+        "==== where the time went ====",
+        f"throughput   {summary['images_per_s']:.1f} images/s over {summary['steps']} steps"
+        + (f" (per process, {processes} processes; timings of process {summary['timing_rank']}, the one "
+           "the others waited for)" if processes > 1 else ""),
+        f"data wait    {summary['data_ms']:.1f} ms/step ({100 * summary['data_frac']:.0f}% of step time)",
+        f"host         {summary['host_ms']:.1f} ms/step ({100 * summary['host_frac']:.0f}%: GPU idle with the "
+        "batch ready; on the CPU, counted as compute)",
+        f"compute      {summary['compute_ms']:.1f} ms/step",
+        f"bound        {summary['bound']}",
+        f"system       {system}",
+        f"validation   top-1 {summary['val_top1']:.1f}%  top-5 {summary['val_top5']:.1f}%",
+        f"skipped      {summary['skipped_files']} unreadable files",
+        f"verdict      {summary['verdict']}",
+        "next:",
+        *(f"  - {line}" for line in summary["advice"]),
+        *(["not for this machine:"] if summary.get("withheld") else []),
+        *(f"  - {held['key']}={held['value']}: {held['why']} ({held['fact']})." for held in summary.get("withheld", [])),
+    ]
+    return "\n".join(lines)
+
+
+def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, hydra_cfg: DictConfig) -> dict:
+    """The run's figures, every timing one from the same process (see run_totals), with the verdict; `hydra_cfg`
+    says which options were picked and with which overrides."""
+    total, system, timing_rank = run_totals(run.windows, run.world)
+    choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if not group.startswith("hydra")}
+    settings = Settings(num_workers=run.loaders.num_workers, prefetch_factor=cfg.loader.prefetch_factor,
+                        pin_memory=cfg.loader.pin_memory, persistent_workers=cfg.loader.persistent_workers,
+                        batch_size=cfg.train.batch_size, log_every=cfg.train.log_every, precision=cfg.precision,
+                        channels_last=cfg.model.channels_last, compile=cfg.model.compile, cudnn=cfg.cudnn,
+                        crop_size=cfg.data.crop_size, choices=choices)
+    diagnosis = diagnose(total, system, run.hardware, settings)
+    return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "host_ms": total.host_ms,
+            "compute_ms": total.compute_ms, "data_frac": total.data_frac, "host_frac": total.host_frac,
+            "data_cost": diagnosis.data_cost,
+            "bound": diagnosis.bound, "verdict": diagnosis.verdict, "advice": diagnosis.advice,
+            "suggestions": [suggestion.record() for suggestion in diagnosis.suggestions],
+            "withheld": [suggestion.record() for suggestion in diagnosis.withheld],
+            "hardware": run.hardware.record(),
+            "val_top1": top1, "val_top5": top5, "steps": run.step, "skipped_files": run.loaders.skipped_files(run.world),
+            "skipped_steps": int(run.precision.skipped), "processes": run.world.size, "timing_rank": timing_rank,
+            "choices": choices, "overrides": list(hydra_cfg.overrides.task), "system": system,
+            "env": environment(run.device)}

@@ -1,0 +1,50 @@
+"""The htop/iostat/nvidia-smi checks, sampled once per logging window: CPU load, iowait, disk reads, GPU load,
+and the CPU the loader's workers used."""
+import os
+import time
+
+import psutil
+import torch
+
+
+def _disk_read_bytes() -> int:
+    counters = psutil.disk_io_counters()
+    return counters.read_bytes if counters else 0
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds used by this process's children (loader workers): those alive, and those it has waited for."""
+    alive = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:  # ended since it was listed: its time is in os.times() once it is waited for
+            continue
+        alive += times.user + times.system
+    ended = os.times()
+    return alive + ended.children_user + ended.children_system
+
+
+class SystemMonitor:
+    """Each `sample()` returns averages since the previous call (or since construction), with `sys/` tags."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        psutil.cpu_percent(None)  # psutil measures from the previous call; this is the first
+        psutil.cpu_times_percent(None)
+        self.cores = os.cpu_count() or 1
+        self.last_time, self.last_read, self.last_children = time.perf_counter(), _disk_read_bytes(), _children_cpu_s()
+
+    def sample(self) -> dict[str, float]:
+        now, read, children = time.perf_counter(), _disk_read_bytes(), _children_cpu_s()
+        elapsed = max(1e-9, now - self.last_time)
+        values = {
+            "sys/cpu_util": psutil.cpu_percent(None),
+            "sys/iowait": getattr(psutil.cpu_times_percent(None), "iowait", 0.0),
+            "sys/disk_read_mb_s": (read - self.last_read) / 1e6 / elapsed,
+            "sys/loader_cpu": 100 * (children - self.last_children) / (elapsed * self.cores),  # % of all cores
+        }
+        if self.device.type == "cuda":
+            values["sys/gpu_util"] = float(torch.cuda.utilization(self.device))  # NVML, through pynvml
+        self.last_time, self.last_read, self.last_children = now, read, children
+        return values

@@ -1,0 +1,268 @@
+"""The end-of-run answer to "is data loading the bottleneck?", and which switch to flip next, as data.
+
+`diagnose` turns the measured split, the system load, the run's settings and this machine's `Hardware`
+into a bound, a verdict and `Suggestion` records. The report's English, summary.json and tune all read
+those records; each names the measurement or hardware fact that makes it apply here. A switch this
+machine cannot profit from (bf16 where it is emulated) is not suggested; it is `withheld`, with its fact.
+"""
+from dataclasses import asdict, dataclass, field
+
+from .. import options
+from ..core.hardware import Hardware
+from ..data.crops import TrainCrop
+from ..loop.clock import Window
+
+NOTICEABLE = 0.10  # a share of the time below this, waiting for data or for the host, is noise
+BOUND = 0.30  # from this share on, that wait sets the pace
+CPU_SATURATED = 85.0  # percent of all cores
+IOWAIT_HIGH = 10.0  # percent of CPU time stalled on disk
+FEW_STEPS_PER_SYNC = 50  # train.log_every below this syncs often enough to show in a host-bound run
+SIDES = ("data", "host", "compute")
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """One switch to flip, why, and the fact that makes it apply on this machine."""
+    key: str  # a config key or group
+    value: str | None  # what to set it to; None where no single value fits (a larger train.batch_size)
+    why: str  # what flipping it changes
+    fact: str  # the measurement or hardware fact behind it
+    side: str  # data | host | compute: the share of the step it shortens
+    tunable: bool = True  # changes how fast, never what is learned: tune may trial it
+    also: dict[str, str] = field(default_factory=dict)  # switches that go with it (format=tensor: decoder=none)
+
+    @property
+    def change(self) -> dict[str, str]:
+        """The overrides it stands for; empty for a direction without a value."""
+        return {self.key: self.value, **self.also} if self.value is not None else {}
+
+    def line(self) -> str:
+        switch = " ".join(f"{key}={value}" for key, value in self.change.items())
+        return f"{self.why}{': ' + switch if switch else ''} ({self.fact})."
+
+    def record(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Settings:
+    """The options the advice refers to, so that it names only switches not flipped already."""
+    num_workers: int
+    prefetch_factor: int
+    pin_memory: bool
+    persistent_workers: bool
+    batch_size: int = 64
+    log_every: int = 20
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+    cudnn: str = "default"
+    crop_size: int = 224
+    choices: dict[str, str] = field(default_factory=dict)  # group -> option picked
+
+    def picked(self, group: str) -> options.Facts:
+        """The facts of the option picked for `group` (its default's, where the run did not say)."""
+        return options.facts(group, self.choices.get(group) or options.default(group))
+
+
+@dataclass
+class Diagnosis:
+    bound: str  # data | host | compute: what to fix first
+    verdict: str
+    suggestions: list[Suggestion]
+    withheld: list[Suggestion]  # switches that would help elsewhere, not on this machine, with the fact why
+    data_cost: float  # the share of the step data loading costs (see costs)
+
+    @property
+    def advice(self) -> list[str]:
+        return [suggestion.line() for suggestion in self.suggestions]
+
+
+def costs(total: Window, system: dict[str, float], hardware: Hardware) -> dict[str, float]:
+    """The share of the step data loading and the host cost. On a GPU that is the time the device sat idle for
+    them. On a CPU, where the step and the loader's workers share the cores, data loading also costs the share
+    of the cores the workers took (sys/loader_cpu) from the time the step computed."""
+    data = total.data_frac
+    if not hardware.on_gpu:
+        data += (1 - data) * system.get("sys/loader_cpu", 0.0) / 100
+    return {"data": data, "host": total.host_frac}
+
+
+def bound(shares: dict[str, float]) -> str:
+    """`data` or `host` when that share is noticeable and the larger of the two; `compute` otherwise.
+
+    Idle time is what a faster configuration can win back; compute time is the floor until the step
+    itself gets cheaper.
+    """
+    share, name = max((shares["data"], "data"), (shares["host"], "host"))
+    return name if share >= NOTICEABLE else "compute"
+
+
+def diagnose(total: Window, system: dict[str, float], hardware: Hardware, settings: Settings) -> Diagnosis:
+    """The bound, a one-sentence verdict and the switches that fit, from the measured split, system load,
+    options and hardware. The suggestions for the bound come first, then those for the other idle share if
+    it is noticeable too."""
+    shares = costs(total, system, hardware)
+    first = bound(shares)
+    data, host = f"{100 * total.data_frac:.0f}%", f"{100 * total.host_frac:.0f}%"
+    strength = "the bottleneck" if shares.get(first, 0.0) >= BOUND else "a partial bottleneck"
+    workers = system.get("sys/loader_cpu", 0.0)
+    took = (f", and the loader's workers took {workers:.0f}% of the cores the step computes on"
+            if not hardware.on_gpu and workers >= 100 * NOTICEABLE else "")
+    if first == "data":
+        verdict = f"Data loading is {strength}: the {hardware.device} waited for data {data} of the time{took}."
+    elif first == "host":
+        verdict = (f"The host is {strength}: the GPU sat idle {host} of the time with the next batch ready, "
+                   f"waiting for Python, kernel launches or syncs (data wait {data}).")
+    else:
+        verdict = f"Data loading is not the bottleneck: the {hardware.device} waited for data {data} of the time."
+        if hardware.on_gpu:
+            verdict += f" The GPU computed {100 * total.compute_s / max(total.wall_s, 1e-9):.0f}% of the time."
+    sides = [first, *(other for other, share in shares.items() if other != first and share >= NOTICEABLE)]
+    suggestions = [suggestion for side in sides for suggestion in RULES[side](total, system, hardware, settings)]
+    return Diagnosis(first, verdict, suggestions, withheld(hardware, settings), shares["data"])
+
+
+def data_side(total: Window, system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
+    """The device waits for batches: read, decode or copy them faster."""
+    cpu, iowait, cores = system.get("sys/cpu_util", 0.0), system.get("sys/iowait", 0.0), hardware.cores
+    waited = f"the {hardware.device} waited for data {100 * total.data_frac:.0f}% of the time"
+    found: list[Suggestion] = []
+    workers = system.get("sys/loader_cpu", 0.0)
+    if not hardware.on_gpu and workers >= 100 * NOTICEABLE:
+        found += lighter_decoding(settings, hardware, f"the loader's workers took {workers:.0f}% of the {cores} "
+                                                      "cores the step computes on")
+    elif iowait >= IOWAIT_HIGH:
+        stalled = f"the CPU stalled on disk reads {iowait:.0f}% of the time (iowait {iowait:.0f}%)"
+        if settings.prefetch_factor < 4:
+            found.append(Suggestion("loader.prefetch_factor", "4", "Keep more reads in flight, overlapping compute",
+                                    stalled, "data"))
+        if not settings.picked("staging").copies_to_ram:
+            found += [Suggestion("staging", option, "Copy the data into RAM once, if it fits", stalled, "data")
+                      for option in options.having("staging", "copies_to_ram")]
+        if not settings.picked("format").packed:
+            packs = options.having("format", "packed_for_storage")
+            found.append(Suggestion(
+                "format", packs[0], "Turn millions of small reads into a few long ones: pack once with "
+                f"`python -m {options.PACKAGE}.pack format={packs[0]}`"
+                + "".join(f" (or format={other})" for other in packs[1:]), stalled, "data", tunable=False))
+    elif cpu >= CPU_SATURATED:
+        saturated = f"the CPU is saturated, {cpu:.0f}% of {cores} cores: decoding and cropping are the limit and " \
+                    "more workers will not help"
+        found += lighter_decoding(settings, hardware, saturated)
+    else:
+        headroom = f"{waited}, with the CPU {cpu:.0f}% busy on {cores} cores"
+        if settings.num_workers < cores:
+            found.append(Suggestion("loader.num_workers", str(cores),
+                                    f"Decode in one process per core (now {settings.num_workers})", headroom, "data"))
+        if settings.prefetch_factor < 4:
+            found.append(Suggestion("loader.prefetch_factor", "4",
+                                    f"Smooth out slow batches (now {settings.prefetch_factor})", headroom, "data"))
+    if not settings.persistent_workers and settings.num_workers > 0:
+        found.append(Suggestion("loader.persistent_workers", "true", "Keep the workers between epochs",
+                                "they start again at every epoch, and each start refills the queue", "data"))
+    if hardware.on_gpu and not settings.pin_memory:
+        found.append(Suggestion("loader.pin_memory", "true", "Copy to the GPU from page-locked memory",
+                                f"{waited}, and its copies come from pageable memory", "data"))
+    if hardware.on_gpu and not settings.picked("prefetcher").overlaps_copy:
+        found += [Suggestion("prefetcher", option, "Overlap each batch's copy with the previous step", waited, "data")
+                  for option in options.having("prefetcher", "overlaps_copy")]
+    return found
+
+
+def lighter_decoding(settings: Settings, hardware: Hardware, saturated: str) -> list[Suggestion]:
+    """Ways to spend less CPU per image, given what the run already uses."""
+    if settings.picked("format").holds_pixels:
+        return [Suggestion("data.crop_size", None, "Nothing is decoded any more: only more cores per device, or "
+                           "smaller crops, will help", saturated, "data", tunable=False)]
+    found = []
+    decoder, fastest = settings.picked("decoder"), options.fastest_cpu_decoder()
+    if (decoder.decode_rank or 0) > options.facts("decoder", fastest).decode_rank:
+        found.append(Suggestion("decoder", fastest, "Decode with the fastest CPU decoder", f"{saturated}; it "
+                                "decodes fastest of the CPU decoders in docs/benchmarks.md's decode-only table",
+                                "data"))
+    if hardware.on_gpu and not decoder.gpu:
+        found += [Suggestion("decoder", option, "Move decoding to the GPU", f"{saturated}; {hardware.gpu_fact}", "data")
+                  for option in options.gpu_options("decoder")]
+    side = TrainCrop(settings.crop_size).full_detail_side()
+    pixels = options.having("format", "holds_pixels")[0]
+    found.append(Suggestion(
+        "format", pixels, f"Decode once, offline: pack with `python -m {options.PACKAGE}.pack format={pixels} "
+        f"pack.short_side={side}` (at that side the smallest random crop still has its {settings.crop_size} pixels; "
+        "a smaller one saves disk at some detail)", saturated, "data", tunable=False,
+        also={"decoder": options.having("decoder", "takes_pixels")[0]}))
+    return found
+
+
+def host_side(total: Window, system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
+    """The GPU waits on the host between launches: fewer, bigger kernels and fewer syncs."""
+    idle = f"the GPU sat idle {100 * total.host_frac:.0f}% of the time with the next batch ready"
+    found = []
+    if hardware.on_gpu and not settings.compile:
+        found.append(Suggestion("model.compile", "true", "Fuse the step's many small kernels into few, so the host "
+                                "launches less", idle, "host"))
+    found.append(Suggestion("train.batch_size", None, f"Give each launch more work: raise train.batch_size (now "
+                            f"{settings.batch_size}) while memory allows, scaling optim.lr with it", idle, "host",
+                            tunable=False))
+    if hardware.tensor_cores and not settings.channels_last:
+        found.append(Suggestion("model.channels_last", "true", "Drop the layout conversions around each convolution",
+                                f"{idle}; {hardware.gpu_fact}: its tensor cores read NHWC", "host"))
+    if settings.precision == "fp16" and hardware.native_bf16:
+        found.append(Suggestion("precision", "bf16", "fp16's loss scaler reads a flag from the GPU at every step, a "
+                                "sync; bf16 needs no scaler", f"{idle}; {hardware.bf16_fact}", "host"))
+    if settings.log_every < FEW_STEPS_PER_SYNC:
+        found.append(Suggestion("train.log_every", str(FEW_STEPS_PER_SYNC), f"Sync the device less often (now every "
+                                f"{settings.log_every} steps, at each logging window's end)", idle, "host",
+                                tunable=False))
+    return found
+
+
+def compute_switches(hardware: Hardware, settings: Settings, busy: str) -> list[Suggestion]:
+    """The switches that make the step itself cheaper on this hardware and are not on yet; `busy` is the
+    measurement that makes them worth it."""
+    found = []
+    faster = faster_precision(hardware)
+    emulated = settings.precision == "bf16" and not hardware.native_bf16
+    if settings.precision != faster and (settings.precision == "fp32" or emulated):
+        fact = hardware.bf16_fact if faster == "bf16" else f"{hardware.gpu_fact}: fp16 tensor cores, no bf16 ones"
+        if emulated:
+            fact = f"{hardware.bf16_fact}; precision=bf16 is slower here than {faster}"
+        found.append(Suggestion("precision", faster, f"Compute in {faster}", f"{busy}; {fact}", "compute"))
+    if hardware.tensor_cores:
+        tensor_cores = f"{busy}; {hardware.gpu_fact}"
+        if not settings.channels_last:
+            found.append(Suggestion("model.channels_last", "true", "Tensor-core convolutions want NHWC",
+                                    f"{tensor_cores}: tensor cores read NHWC", "compute"))
+        if not settings.compile:
+            found.append(Suggestion("model.compile", "true", "Fuse element-wise kernels", tensor_cores, "compute"))
+        if settings.cudnn == "default":
+            found.append(Suggestion("cudnn", "benchmark", "Let cuDNN time its convolution algorithms once per shape",
+                                    f"{tensor_cores}; every training batch has one shape ({settings.crop_size} pixels, "
+                                    "full batches), so the timing is paid once", "compute"))
+    return found
+
+
+def faster_precision(hardware: Hardware) -> str:
+    """The precision that computes fastest here: bf16 where native, fp16 on pre-Ampere tensor cores, else fp32."""
+    if hardware.native_bf16:
+        return "bf16"
+    return "fp16" if hardware.tensor_cores else "fp32"
+
+
+def compute_side(total: Window, system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
+    """The device is busy: make each step cheaper."""
+    busy = f"the {hardware.device} computed {100 * total.compute_s / max(total.wall_s, 1e-9):.0f}% of the time"
+    return [*compute_switches(hardware, settings, busy),
+            Suggestion("train.batch_size", None, "Compute sets the pace: raise train.batch_size while memory allows, "
+                       "pick a lighter model.name, or add devices with torchrun", busy, "compute", tunable=False)]
+
+
+def withheld(hardware: Hardware, settings: Settings) -> list[Suggestion]:
+    """Switches that pay off on other machines and would cost this one, with the hardware fact why."""
+    if hardware.native_bf16 or settings.precision == "bf16":
+        return []
+    return [Suggestion("precision", "bf16", f"Not advised here: bf16 autocast is emulated, slower than "
+                       f"{faster_precision(hardware)}", hardware.bf16_fact, "compute", tunable=False)]
+
+
+RULES = {"data": data_side, "host": host_side, "compute": compute_side}

@@ -1,0 +1,87 @@
+"""Checkpoints, written atomically (files.write_atomic): a crash or a full disk never leaves half a file."""
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from ..core.config import ConfigError
+from ..core.distributed import World
+from ..core.files import write_atomic
+
+log = logging.getLogger(__name__)
+
+
+LAST = "last.pt"  # the checkpoint every epoch overwrites, and the one resume=auto looks for
+
+
+def save(state: dict, path: Path) -> None:
+    write_atomic(path, lambda temporary: torch.save(state, temporary))
+
+
+class Checkpoints:
+    """last.pt in the run folder, written by the main process only; the other ranks hold the same weights."""
+
+    def __init__(self, run_dir: Path, writes: bool):
+        self.path, self.writes = run_dir / LAST, writes
+        self.saved_step = -1  # the step of the last checkpoint written or resumed from; -1: none yet
+
+    def save(self, state: dict) -> None:
+        if self.writes:
+            save(state, self.path)
+        self.saved_step = state["step"]
+
+
+def find(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from: None, 'auto' (last.pt in the run folder, if any) or a path."""
+    if resume is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
+        resume = "auto"  # torchrun restarted the workers: carry on from this run folder's checkpoint
+    if resume is None:
+        return None
+    if resume == "auto":
+        path = run_dir / LAST
+        if not path.is_file():
+            log.info("resume=auto: no %s yet, starting from scratch", path)
+            return None
+        return path
+    path = Path(resume).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"resume={resume}: no such checkpoint file")
+    return path
+
+
+def load(path: Path, device: torch.device) -> dict:
+    try:
+        return torch.load(path, map_location=device)
+    except Exception as err:  # torch raises RuntimeError, EOFError or UnpicklingError for a damaged file
+        raise ConfigError(f"resume: {path} is not a readable checkpoint ({err.__class__.__name__}: {err})") from err
+
+
+def check_fits(state: dict, model: torch.nn.Module, path: Path, identity: dict) -> None:
+    """Refuse, before anything loads, a checkpoint whose weights do not fit the model this run builds."""
+    mine, theirs = model.state_dict(), state["model"]
+    differ = sorted(name for name in mine.keys() | theirs.keys()
+                    if name not in mine or name not in theirs or mine[name].shape != theirs[name].shape)
+    if differ:
+        saved = state.get("identity")
+        held = f"{saved['model']} with {saved['classes']} classes" if saved else "another model"
+        raise ConfigError(f"resume={path} holds {held}, and this run builds {identity['model']} with "
+                          f"{identity['classes']} classes: {len(differ)} tensors differ ({', '.join(differ[:3])}"
+                          f"{', ...' if len(differ) > 3 else ''}); resume from a checkpoint of this model, or set "
+                          "model.name to the checkpoint's")
+
+
+def resume_state(resume: str | None, run_dir: Path, world: World) -> tuple[Path | None, dict | None]:
+    """find() and load() in every process of `world`, all of which must arrive at the same step.
+
+    They would not where the nodes of a torchrun job each see a run folder of their own: one would resume,
+    another start afresh, and their collectives would no longer match.
+    """
+    path = find(resume, run_dir)
+    state = load(path, world.device) if path else None
+    step = state["step"] if state else -1  # -1: starting from scratch
+    if world.max(step) != -world.max(-step):
+        raise ConfigError(f"the processes of this job found different checkpoints to resume from (this one: "
+                          f"{path or 'none'}); on several nodes the run folder ({run_dir}) must be on storage "
+                          "that all of them share")
+    return path, state

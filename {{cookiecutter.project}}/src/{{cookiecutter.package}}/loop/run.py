@@ -1,0 +1,98 @@
+"""The run: everything the loop touches, built once before it, and what a checkpoint of it holds."""
+import logging
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from ..contracts import Logger, Profiler
+from ..core import distributed
+from ..core.distributed import World
+from ..core.files import WriteError
+from ..core.hardware import Hardware
+from ..data.loaders import Loaders
+from ..diagnosis.sysmon import SystemMonitor
+from .checkpoint import Checkpoints
+from .clock import Clock, Window
+from .precision import NonFiniteLoss, Precision
+from .preempt import StopRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """Everything the loop touches, built once before it."""
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    criterion: torch.nn.Module
+    precision: Precision
+    loaders: Loaders
+    clock: Clock
+    sysmon: SystemMonitor
+    logger: Logger
+    profiler: Profiler
+    checkpoints: Checkpoints
+    stop: StopRequest
+    world: World
+    hardware: Hardware
+    log_every: int
+    max_steps: int | None
+    limit_val_batches: int | None
+    epoch: int = 0
+    step: int = 0
+    images_in_epoch: int = 0  # images of the current epoch all processes together trained on
+    windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
+    identity: dict = field(default_factory=dict)  # what a checkpoint of this run holds: model and classes
+    updating: bool = False  # inside update(): the weights may be ahead of the step count
+
+    @property
+    def device(self) -> torch.device:
+        return self.world.device
+
+    @property
+    def out_of_steps(self) -> bool:
+        return self.max_steps is not None and self.step >= self.max_steps
+
+    def update(self, loss: torch.Tensor, batch_images: int) -> None:
+        """Backward, then optimizer and scheduler step and the counts: a checkpoint is consistent before
+        `updating` is set and after it is cleared, never in between."""
+        self.precision.backward(loss)
+        self.updating = True
+        self.precision.apply(loss, self.optimizer, self.step)
+        self.scheduler.step()
+        self.step, self.images_in_epoch = self.step + 1, self.images_in_epoch + batch_images * self.world.size
+        self.updating = False
+
+    def state(self) -> dict:
+        return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
+                "identity": self.identity, "epoch": self.epoch, "step": self.step,
+                "images_in_epoch": self.images_in_epoch,
+                "loader": self.loaders.train.state(self.epoch, self.images_in_epoch),
+                "unreadable": self.loaders.splits.unreadable_state(),
+                "windows": [(asdict(window), system) for window, system in self.windows]}
+
+    def restore(self, state: dict) -> None:
+        distributed.unwrap(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state.get("scaler", {}))
+        self.epoch, self.step, self.images_in_epoch = state["epoch"], state["step"], state["images_in_epoch"]
+        self.loaders.train.load_state(state.get("loader", {}))
+        self.loaders.splits.load_unreadable_state(state.get("unreadable", {}))
+        self.windows = [(Window(**window), system) for window, system in state.get("windows", [])]
+
+
+def keep_progress(run: Run, err: BaseException) -> None:
+    """After a failure that left the weights sound, save the last completed step, and tell the error where
+    `resume=auto` will carry on from. A non-finite loss, or a failure in the middle of an update, keeps the
+    last good checkpoint instead."""
+    sound = not (run.updating or isinstance(err, (NonFiniteLoss, KeyboardInterrupt)))
+    if sound and run.step > run.checkpoints.saved_step:
+        try:
+            run.checkpoints.save(run.state())
+        except WriteError as unsaved:
+            log.error("the run failed, and saving its last step failed too: %s", unsaved)
+    if run.checkpoints.writes and run.checkpoints.saved_step >= 0:
+        err.resume_step = run.checkpoints.saved_step

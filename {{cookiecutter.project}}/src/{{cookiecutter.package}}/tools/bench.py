@@ -1,0 +1,241 @@
+"""The loader benchmark behind `python -m <package>.bench`: the rows, the references, bench.csv and bench.png."""
+import csv
+import logging
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import psutil
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+
+from .. import options
+from ..contracts import Decoder, Stores
+from ..core.config import ConfigError, build, optional_import
+from ..core.distributed import World
+from ..core.files import bytes_in
+from ..data.decoder import DECODE_ERRORS, CpuDecoder, Unreadable, decoding
+from ..data.format.folder import open_tree
+from ..data.images import REPLACEMENTS, WrongDataSet, make_splits
+from ..data.loaders import training_loader
+from ..data.sources import Source
+from ..data.staging import no_staging
+from .pack import pack
+
+log = logging.getLogger(__name__)
+
+ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
+COLUMNS = ("decoder", "format", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling", "unreadable", "page_cache",
+           "note")
+
+
+def time_epochs(loader, epochs: int, upload=lambda batch: None, device: torch.device = ALONE.device) -> float:
+    """Images per second over `epochs` whole passes, each batch through `upload`, after one untimed pass."""
+    for batch in loader:
+        upload(batch)
+    _synchronize(device)
+    start, images = time.perf_counter(), 0
+    for _ in range(epochs):
+        for batch in loader:
+            upload(batch)
+            images += len(batch[1])
+    _synchronize(device)
+    return images / (time.perf_counter() - start)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_decoder(name: str, batch_size: int, device: torch.device, settings: dict) -> Decoder:
+    """The decoder option `name` as training builds it with `settings`, or a ConfigError saying why this
+    machine cannot run it."""
+    node = OmegaConf.merge({"train": {"batch_size": batch_size}},
+                           {"decoder": OmegaConf.load(options.CONF / "decoder" / f"{name}.yaml")}, {"decoder": settings})
+    decoder = build(node.decoder)
+    decoder.check_device(device)
+    return decoder
+
+
+def timed_decoders(names: list[str], batch_size: int, device: torch.device) -> tuple[dict[str, Decoder], dict[str, str]]:
+    """The decoders bench times on `device`, a GPU decoder without a GPU in its CPU mode when that is worth
+    timing (its facts say), and why each of the others is not timed."""
+    runnable, unable = {}, {}
+    for name in names:
+        facts, settings = options.facts("decoder", name), {}
+        if facts.gpu and device.type != "cuda":
+            if not facts.bench_without_gpu:
+                unable[name] = f"{facts.gpu}, and bench.device is {device.type}"
+                continue
+            settings = facts.without_gpu
+        try:
+            runnable[name] = make_decoder(name, batch_size, device, settings)
+        except ConfigError as err:
+            unable[name] = str(err)
+    return runnable, unable
+
+
+class SkippingImageFolder:
+    """torchvision's ImageFolder under the skip policy training has: an unreadable image is counted once and the
+    next one takes its place (pytorch/examples itself would stop at the first)."""
+
+    def __init__(self, root: Path, transform):
+        from torchvision import datasets
+
+        self.folder = datasets.ImageFolder(str(root), transform)
+        self.bad = multiprocessing.RawArray("b", len(self.folder))  # seen from every worker
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, index: int):
+        for position in (index + offset for offset in range(REPLACEMENTS)):
+            position %= len(self.folder)
+            try:
+                return self.folder[position]
+            except DECODE_ERRORS:
+                self.bad[position] = 1
+        raise WrongDataSet(f"{REPLACEMENTS} images in a row from {self.folder.samples[index][0]} on are unreadable: "
+                           "is this the data set you meant?")
+
+
+def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: int,
+             device: torch.device) -> tuple[float, int]:
+    """pytorch/examples imagenet's training loader, as its users run it: images/s, and the unreadable images met."""
+    from torchvision import transforms
+
+    recipe = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
+                                 transforms.ToTensor(),
+                                 transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+    dataset = SkippingImageFolder(root / "train", recipe)
+    rate = time_epochs(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
+                                  num_workers=num_workers, persistent_workers=num_workers > 0), epochs,
+                       lambda batch: batch[0].to(device, non_blocking=True), device)
+    return rate, sum(dataset.bad)
+
+
+CEILING_FILES = 300  # files decoded for the ceiling, at most
+
+
+def decode_only(root: Path, cpu_decoders: dict[str, CpuDecoder]) -> tuple[str, float, int]:
+    """The fastest decoder's full-size decode rate in this process, files already in memory, and how many of the
+    files it was timed on are unreadable (skipped, as training skips them)."""
+    train, _, _ = open_tree(root)
+    files = [train.payload(index) for index in range(min(len(train), CEILING_FILES))]
+    rates, unreadable = {}, {}
+
+    def decodes(decoder: CpuDecoder, data: bytes) -> bool:
+        try:
+            with decoding():
+                decoder.decode(data, 1)
+        except Unreadable:
+            return False
+        return True
+
+    for name, decoder in cpu_decoders.items():
+        next((data for data in files if decodes(decoder, data)), None)  # warm-up
+        start = time.perf_counter()
+        decoded = sum(decodes(decoder, data) for data in files)
+        rates[name], unreadable[name] = decoded / (time.perf_counter() - start), len(files) - decoded
+    fastest = max(rates, key=rates.get)
+    log.info("decode-only, one process: %s", ", ".join(f"{name} {rate:.0f}/s" for name, rate in rates.items()))
+    return fastest, rates[fastest], unreadable[fastest]
+
+
+def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> Stores:
+    """The training split in `format`, packed from the source tree on first use."""
+    node, facts = OmegaConf.load(options.CONF / "format" / f"{format}.yaml"), options.facts("format", format)
+    if facts.packed:
+        node["path"] = str(pack_dir / f"{source.root.name}-{format}")
+        if not Path(node["path"]).exists():
+            pack(source.root, format, Path(node["path"]), short_side if facts.holds_pixels else None, 90,
+                 os.cpu_count() or 1, False, "skip")
+    return build(node, source=source, stage=no_staging)
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    pyplot = optional_import("matplotlib.pyplot", "bench")
+    rows = [row for row in rows if row["images_per_s"]]  # not the decoders this machine could not run
+    figure, axes = pyplot.subplots(figsize=(max(6, len(rows) * 0.9), 4))
+    labels = [f"{row['decoder']}\n{row['format']}\nw={row['num_workers']}" for row in rows]
+    axes.bar(labels, [row["images_per_s"] for row in rows],
+             color=["grey" if row.get("reference") else "tab:blue" for row in rows])
+    axes.set_ylabel("images/s (loader only)")
+    axes.tick_params(axis="x", labelsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
+    source = build(cfg.data)
+    if source.root is None:
+        built_in = " or ".join(f"data={name}" for name in options.having("data", "built_in"))
+        raise ConfigError(f"pass data.root=/path/to/tree (train/ and val/), or use {built_in}")
+    settings = cfg.bench
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if settings.device == "auto" \
+        else torch.device(settings.device)
+    names = [name for name in options.options("decoder") if not options.facts("decoder", name).takes_pixels] \
+        if settings.decoders == "all" else list(settings.decoders)
+    runnable, unable = timed_decoders(names, settings.batch_size, device)
+    pixels, _ = timed_decoders(options.having("decoder", "takes_pixels"), settings.batch_size, device)
+    cpu_decoders = {name: decoder for name, decoder in runnable.items() if isinstance(decoder, CpuDecoder)}
+    data_mb = bytes_in(source.root / "train") / 1e6
+    cache = f"warm: read once in warm-up; {data_mb:.0f} MB vs {psutil.virtual_memory().available / 1e9:.0f} GB free RAM"
+    fallback = options.fastest_cpu_decoder()
+    fastest, decode_rate, sample_bad = decode_only(
+        source.root, cpu_decoders or {fallback: make_decoder(fallback, settings.batch_size, device, {})})
+    rows = []
+    for workers in settings.num_workers:
+        cores = max(1, min(workers, os.cpu_count() or 1))
+        baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size, workers,
+                                               settings.timed_epochs, device)
+        reference = [
+            {"decoder": "ceiling", "format": "memory", "num_workers": workers, "images_per_s": decode_rate * cores,
+             "reference": True, "unreadable": sample_bad, "note": f"{fastest} full decode, 1 process x {cores} cores, "
+                                               f"unreadable files of the {CEILING_FILES} first skipped"},
+            {"decoder": "baseline", "format": "folder", "num_workers": workers, "images_per_s": baseline_rate,
+             "reference": True, "unreadable": baseline_bad, "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped"}]
+        rows += reference
+        for format in settings.formats:
+            stores = stores_for(format, source, Path(settings.pack_dir).expanduser(), settings.short_side)
+            holds_pixels = options.facts("format", format).holds_pixels
+            for name, decoder in (pixels if holds_pixels else runnable).items():
+                splits = make_splits(source, stores, decoder)
+                loader = training_loader(stores, splits.train, settings.batch_size, 0, ALONE, splits.decoder.collate,
+                                         num_workers=workers, prefetch_factor=2, pin_memory=False,
+                                         persistent_workers=True)
+                rate = time_epochs(loader, settings.timed_epochs,
+                                   lambda batch: splits.decoder.upload(batch[0], device, True), device)
+                rows.append({"decoder": name, "format": format, "num_workers": workers, "images_per_s": rate,
+                             "unreadable": int(splits.train.bad_flags().sum()),
+                             "note": "pre-decoded pixels" if holds_pixels else ""})
+                log.info("%s / %s / %d workers: %.0f images/s", name, format, workers, rate)
+            if not holds_pixels:
+                rows += [{"decoder": name, "format": format, "num_workers": workers, "images_per_s": 0.0,
+                          "unreadable": "", "note": f"not run: {reason}"} for name, reason in unable.items()]
+        for row in rows:
+            if row["num_workers"] == workers:
+                row["vs_baseline"] = row["images_per_s"] / reference[1]["images_per_s"]
+                row["vs_ceiling"] = row["images_per_s"] / reference[0]["images_per_s"]
+                row["page_cache"] = cache
+    for row in rows:
+        row["note"] = "; ".join(filter(None, [row["note"], f"on {device.type}"]))
+    with (run_dir / "bench.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({**row, "images_per_s": round(row["images_per_s"], 1), "vs_baseline":
+                          round(row["vs_baseline"], 2), "vs_ceiling": round(row["vs_ceiling"], 2)} for row in rows)
+    chart(rows, run_dir / "bench.png")
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'decoder':<12}{'format':<8}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}"
+             f"{'unreadable':>11}  note"]
+    lines += [f"{row['decoder']:<12}{row['format']:<8}{row['num_workers']:>8}{row['images_per_s']:>10.0f}"
+              f"{row['vs_baseline']:>11.2f}{row['vs_ceiling']:>10.2f}{row['unreadable']!s:>11}  {row['note']}"
+              for row in rows]
+    return "\n".join(lines)

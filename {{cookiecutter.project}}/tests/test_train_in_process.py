@@ -1,0 +1,65 @@
+"""train() called as a function on debug=tiny: the whole loop in seconds, and every bad command line refused in one
+line before anything is written. The fast tier's run; the command-line runs are in test_train.py."""
+import json
+import signal
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import open_dict
+
+from {{ cookiecutter.package }}.core.distributed import setup
+from {{ cookiecutter.package }}.core.failures import explain
+from {{ cookiecutter.package }}.core.hardware import Hardware, probe
+from {{ cookiecutter.package }}.train import train
+
+from conftest import BAD_INPUT, CONF, tiny
+
+
+@pytest.fixture
+def train_in_process(cache_dir, tiny_root, packs, tmp_path, monkeypatch):
+    """train_in_process(*overrides) -> summary, as `python -m ... train` would run them, in this process."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # torch has not looked yet: a CPU run whatever the machine
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    run_dir = tmp_path / "run"
+
+    def run(*overrides: str) -> dict:
+        run_dir.mkdir(exist_ok=True)
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="train"):
+            cfg = compose("train", [*tiny(overrides, cache_dir, tiny_root), f"hydra.run.dir={run_dir}"],
+                          return_hydra_config=True)
+            HydraConfig.instance().set_config(cfg)
+            with open_dict(cfg):  # the task's config, as hydra.main hands it over
+                del cfg["hydra"]
+            return train(cfg, run_dir, setup(1.0))
+
+    run.run_dir = run_dir
+    yield run
+    for number, handler in handlers.items():  # train() installs its own, for preemption
+        signal.signal(number, handler)
+
+
+def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_in_process):
+    summary = train_in_process()
+    assert summary["steps"] == 6 and summary["skipped_files"] == 0  # 3 classes x 8 images, batch 4
+    assert json.loads(json.dumps(summary)) == json.loads((train_in_process.run_dir / "summary.json").read_text())
+    assert (train_in_process.run_dir / "last.pt").is_file() and any((train_in_process.run_dir / "tb").iterdir())
+    assert summary["bound"] in ("data", "compute") and summary["images_per_s"] > 0
+    assert Hardware.from_record(summary["hardware"]) == probe(torch.device(summary["hardware"]["device"]))
+    assert [suggestion["key"] for suggestion in summary["suggestions"]] and len(summary["suggestions"]) == len(
+        summary["advice"])
+    assert all(line.endswith(f"({suggestion['fact']}).")
+               for line, suggestion in zip(summary["advice"], summary["suggestions"]))
+
+
+@pytest.mark.parametrize("overrides", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_is_refused_in_one_line_before_anything_is_written(overrides, train_in_process):
+    with pytest.raises(BaseException) as raised:
+        train_in_process(*overrides)
+    line = str(raised.value) if isinstance(raised.value, HydraException) else explain(raised.value)
+    assert line is not None, f"{raised.value!r} would print a traceback"
+    key, _, value = overrides[-1].partition("=")
+    assert key in line or value in line, line
+    assert list(train_in_process.run_dir.iterdir()) == []
