@@ -95,7 +95,7 @@ def test_launch_script_runs_torchrun_into_one_folder(tmp_path, cache_dir, tiny_r
 
 STOP_AND_RESUME = """
 saved = os.path.join(out, "stopped.pt")
-resumed = os.path.exists(saved)
+resumed = os.environ["PHASE"] == "resume"  # not the file's presence: rank 0 may save it before rank 1 looks
 skip = 0
 if resumed:  # as train.py resumes: the loader's state, then the epoch with the images all processes trained on
     state = torch.load(saved, weights_only=False)
@@ -126,10 +126,11 @@ def test_a_resume_with_another_number_of_processes_trains_each_image_left_once(f
     script = training_images_script(tmp_path / "reshard.py", STOP_AND_RESUME)
     overrides = tiny(("data=imagenet", format, "train.batch_size=3"), cache_dir, tiny_root)
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2")
-    for launcher, stop_after, workers in ((torchrun, 6, 2), ((sys.executable,), 0, 1)):
+    for launcher, phase, stop_after, workers in ((torchrun, "stop", 6, 2), ((sys.executable,), "resume", 0, 1)):
         result = subprocess.run([*launcher, str(script), str(CONF), str(tmp_path), *overrides,
                                  f"loader.num_workers={workers}"], cwd=PROJECT, capture_output=True, text=True,
-                                timeout=300, env={**os.environ, **QUIET, **TWO_PROCESSES, "STOP_AFTER": str(stop_after)})
+                                timeout=300, env={**os.environ, **QUIET, **TWO_PROCESSES, "PHASE": phase,
+                                     "STOP_AFTER": str(stop_after)})
         assert result.returncode == 0, result.stderr[-3000:]
     stopped = [json.loads((tmp_path / f"stopped-rank{rank}.json").read_text()) for rank in (0, 1)]
     resumed = json.loads((tmp_path / "resumed-rank0.json").read_text())
