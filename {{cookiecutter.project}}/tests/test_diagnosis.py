@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core.hardware import Hardware
 from {{ cookiecutter.package }}.diagnosis.verdict import Settings, bound, diagnose
 from {{ cookiecutter.package }}.loop.clock import Window
@@ -150,6 +151,39 @@ def test_disk_bound_points_at_storage():
     assert "iowait 40%" in advice[0]
 
 
+# Measured by the loader's workers (data.images.ReadTimes): on a slow disk, reads take most of each image's time,
+# while iowait, which waits on FUSE or network storage barely raise, stays low.
+ON_SLOW_STORAGE = {"sys/cpu_util": 40.0, "sys/iowait": 2.0, "sys/loader_cpu": 15.0, "loader/read_ms": 31.0,
+                   "loader/decode_ms": 6.0, "loader/read_share": 84.0}
+DECODING = {"sys/cpu_util": 60.0, "sys/iowait": 0.0, "sys/loader_cpu": 15.0, "loader/read_ms": 0.2,
+            "loader/decode_ms": 9.0, "loader/read_share": 2.0}
+
+
+@pytest.mark.parametrize("machine", ["avx2", "sm90"])
+def test_workers_waiting_on_reads_get_the_storage_verdict_and_storage_advice(machine):
+    hardware = MACHINES[machine]
+    folder = settings(num_workers=2, choices={"decoder": "pil", "format": "folder", "staging": "none"})
+    diagnosis = diagnose(window(0.35), ON_SLOW_STORAGE, hardware, folder)
+    assert diagnosis.bound == "data"
+    assert "workers were waiting on storage" in diagnosis.verdict and "84% of each image's time" in diagnosis.verdict
+    packs = options.having("format", "packed_for_storage")
+    assert {f"loader.num_workers={2 * hardware.cores}", "staging=tmpfs", f"format={packs[0]}"} <= switches(diagnosis)
+    assert not any(suggestion.key == "decoder" for suggestion in diagnosis.suggestions)
+    storage = [s for s in diagnosis.suggestions if s.key in ("loader.num_workers", "staging", "format")]
+    assert len(storage) == 3 and all("31.0 ms a read" in suggestion.fact for suggestion in storage)
+    more = diagnose(window(0.35), ON_SLOW_STORAGE, hardware, settings(num_workers=2 * hardware.cores))
+    assert f"loader.num_workers={4 * hardware.cores}" in switches(more)
+
+
+@pytest.mark.parametrize("machine", ["avx2", "sm90"])
+def test_workers_busy_decoding_get_the_decode_verdict_and_no_storage_advice(machine):
+    folder = settings(num_workers=1, choices={"decoder": "pil", "format": "folder", "staging": "none"})
+    diagnosis = diagnose(window(0.35), DECODING, MACHINES[machine], folder)
+    assert "workers were busy decoding" in diagnosis.verdict and "98% of each image's time" in diagnosis.verdict
+    assert not {"staging=tmpfs", "format=lmdb", "format=hdf5"} & switches(diagnosis)
+    assert {"loader.num_workers", "decoder"} & {suggestion.key for suggestion in diagnosis.suggestions}
+
+
 def test_partial_bottleneck_and_pageable_copies():
     loader = settings(pin_memory=False, persistent_workers=True)
     diagnosis = diagnose(window(0.2), {"sys/cpu_util": 30.0}, cores(SM90, 4), loader)
@@ -183,7 +217,7 @@ def test_disk_bound_points_at_staging_and_packing_unless_already_used():
 
 def test_every_suggestion_is_a_record_with_its_fact_and_its_line_is_rendered_from_it():
     cases = [window(0.02), window(0.6), window(0.02, 0.6)]
-    systems = [{}, {"sys/cpu_util": 30.0}, {"sys/cpu_util": 97.0}, {"sys/iowait": 50.0}]
+    systems = [{}, {"sys/cpu_util": 30.0}, {"sys/cpu_util": 97.0}, {"sys/iowait": 50.0}, ON_SLOW_STORAGE]
     for hardware in MACHINES.values():
         for total in cases:
             for system in systems:
@@ -211,7 +245,7 @@ def test_every_switch_the_advice_names_exists():
                            {"model": OmegaConf.load(CONF / "model/torchvision.yaml"),
                             "optim": OmegaConf.load(CONF / "optim/sgd.yaml")})
     cases = [window(0.02), window(0.6), window(0.02, 0.6), window(0.6)]
-    systems = [{}, {"sys/cpu_util": 30.0}, {"sys/cpu_util": 97.0}, {"sys/iowait": 50.0}]
+    systems = [{}, {"sys/cpu_util": 30.0}, {"sys/cpu_util": 97.0}, {"sys/iowait": 50.0}, ON_SLOW_STORAGE]
     starting = Settings(num_workers=1, prefetch_factor=2, pin_memory=False, persistent_workers=False, precision="fp16")
     suggestions = [suggestion for total in cases for system in systems for hardware in MACHINES.values()
                    for suggestion in diagnose(total, system, hardware, starting).suggestions]

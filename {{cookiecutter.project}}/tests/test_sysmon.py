@@ -5,15 +5,52 @@ import time
 import pytest
 import torch
 
+from {{ cookiecutter.package }}.data.images import Images, ReadTimes
 from {{ cookiecutter.package }}.diagnosis.sysmon import SystemMonitor
 
 
 def test_cpu_run_samples_the_host_and_no_gpu():
-    monitor = SystemMonitor(torch.device("cpu"))
+    monitor = SystemMonitor(torch.device("cpu"), ReadTimes())
     sum(range(2_000_000))  # some CPU work to measure
     values = monitor.sample()
-    assert set(values) == {"sys/cpu_util", "sys/iowait", "sys/disk_read_mb_s", "sys/loader_cpu"}
+    assert set(values) == {"sys/cpu_util", "sys/iowait", "sys/disk_read_mb_s", "sys/loader_cpu", "loader/read_ms",
+                           "loader/decode_ms", "loader/read_share"}
     assert 0 < values["sys/cpu_util"] <= 100 and values["sys/disk_read_mb_s"] >= 0
+
+
+class SlowStore:
+    """A store whose every read takes `read_s`, as on a slow disk."""
+
+    def __init__(self, read_s: float):
+        self.read_s = read_s
+
+    def __len__(self) -> int:
+        return 8
+
+    def read(self, index: int) -> tuple[bytes, int]:
+        time.sleep(self.read_s)
+        return b"payload", 0
+
+
+def slow_transform(transform_s: float):
+    def transform(payload: bytes) -> bytes:
+        time.sleep(transform_s)
+        return payload
+    return transform
+
+
+@pytest.mark.parametrize(("read_s", "transform_s"), [(0.02, 0.002), (0.002, 0.02)])
+def test_the_loader_times_tell_reading_from_decoding(read_s, transform_s):
+    """Worker processes included: the figures are summed in shared memory."""
+    images = Images(SlowStore(read_s), slow_transform(transform_s), on_error="skip")
+    monitor = SystemMonitor(torch.device("cpu"), images.times)
+    loaded = list(torch.utils.data.DataLoader(images, batch_size=2, num_workers=2))
+    assert len(loaded) == 4
+    values = monitor.sample()
+    assert values["loader/read_ms"] == pytest.approx(1000 * read_s, rel=0.5, abs=1.0)
+    assert values["loader/decode_ms"] == pytest.approx(1000 * transform_s, rel=0.5, abs=1.0)
+    assert (values["loader/read_share"] > 50) == (read_s > transform_s)
+    assert monitor.sample()["loader/read_share"] == 0.0  # nothing loaded since: no figure carried over
 
 
 def burn(seconds: float, spent) -> None:
@@ -29,7 +66,7 @@ def test_the_cpu_children_use_is_the_loaders_share_of_all_cores(monkeypatch):
     import multiprocessing
     import os
 
-    monitor = SystemMonitor(torch.device("cpu"))
+    monitor = SystemMonitor(torch.device("cpu"), ReadTimes())
     spent = multiprocessing.Value("d", 0.0)
     began = time.perf_counter()
     child = multiprocessing.Process(target=burn, args=(0.5, spent))
@@ -43,7 +80,7 @@ def test_the_cpu_children_use_is_the_loaders_share_of_all_cores(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_utilisation_comes_from_nvml_while_a_kernel_runs(gpu_busy):
-    monitor = SystemMonitor(torch.device("cuda"))
+    monitor = SystemMonitor(torch.device("cuda"), ReadTimes())
     gpu_busy(2.0)
     time.sleep(1.0)  # NVML averages over its last sample period, which the running kernel fills
     busy = monitor.sample()["sys/gpu_util"]

@@ -5,6 +5,7 @@ options.
 import logging
 import multiprocessing
 import random
+import time
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,32 @@ BAD_ALLOWED = 10  # unreadable images always skipped, however small the data set
 REPLACEMENTS = BAD_ALLOWED + 1  # images tried after an unreadable one; more than that many bad ones stop the run
 
 
+class ReadTimes:
+    """Where the loader's workers spend each image: reading its bytes from the store, or decoding and cropping
+    them. Summed in shared memory by every worker; `sample()` gives per-image figures since its previous call."""
+
+    def __init__(self):
+        self.totals = multiprocessing.Array("d", 3)  # seconds reading, seconds transforming, images
+        self.last = (0.0, 0.0, 0.0)
+
+    def add(self, reading_s: float, transforming_s: float) -> None:
+        with self.totals.get_lock():
+            self.totals[0] += reading_s
+            self.totals[1] += transforming_s
+            self.totals[2] += 1
+
+    def sample(self) -> dict[str, float]:
+        """`loader/read_ms` and `loader/decode_ms` per image, and `loader/read_share`, the percentage of a
+        worker's time per image spent reading; zeros when no image was loaded since the last call (batches
+        served from memory)."""
+        with self.totals.get_lock():
+            now = tuple(self.totals)
+        reading, transforming, images = (new - old for new, old in zip(now, self.last))
+        self.last = now
+        return {"loader/read_ms": 1000 * reading / max(images, 1), "loader/decode_ms": 1000 * transforming / max(images, 1),
+                "loader/read_share": 100 * reading / (reading + transforming) if images else 0.0}
+
+
 class Images(Dataset):
     """A store's payloads through the decoder's worker transform; an unreadable one is skipped or raised.
 
@@ -56,6 +83,7 @@ class Images(Dataset):
         self.bad = multiprocessing.RawArray("b", len(store))
         self.bad_count = multiprocessing.Value("q", 0)
         self.shared_count = 0  # the flags all processes held at the last share_unreadable
+        self.times = ReadTimes()
 
     def __len__(self) -> int:
         return len(self.store)
@@ -75,8 +103,12 @@ class Images(Dataset):
         for position in (index + offset for offset in range(min(REPLACEMENTS, len(self.store)))):
             position %= len(self.store)
             try:
+                start = time.perf_counter()
                 payload, label = self.store.read(position)
-                return self.transform(payload), label
+                read = time.perf_counter()
+                item = self.transform(payload)
+                self.times.add(read - start, time.perf_counter() - read)
+                return item, label
             except Unreadable as err:
                 self._skip(position, err)
         raise WrongDataSet(f"{REPLACEMENTS} images in a row from {self.store.name(index)} on are unreadable: is "

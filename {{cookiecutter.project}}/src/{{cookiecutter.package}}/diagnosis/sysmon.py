@@ -6,6 +6,8 @@ import time
 import psutil
 import torch
 
+from ..data.images import ReadTimes
+
 
 def _disk_read_bytes() -> int:
     counters = psutil.disk_io_counters()
@@ -26,10 +28,11 @@ def _children_cpu_s() -> float:
 
 
 class SystemMonitor:
-    """Each `sample()` returns averages since the previous call (or since construction), with `sys/` tags."""
+    """Each `sample()` returns averages since the previous call (or since construction), with `sys/` tags, and
+    `loader_times`'s figures (where the loader's workers spend each image)."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, device: torch.device, loader_times: ReadTimes):
+        self.device, self.loader_times = device, loader_times
         psutil.cpu_percent(None)  # psutil measures from the previous call; this is the first
         psutil.cpu_times_percent(None)
         self.cores = os.cpu_count() or 1
@@ -47,4 +50,4 @@ class SystemMonitor:
         if self.device.type == "cuda":
             values["sys/gpu_util"] = float(torch.cuda.utilization(self.device))  # NVML, through pynvml
         self.last_time, self.last_read, self.last_children = now, read, children
-        return values
+        return {**values, **self.loader_times.sample()}

@@ -5,64 +5,20 @@ into a bound, a verdict and `Suggestion` records. The report's English, summary.
 those records; each names the measurement or hardware fact that makes it apply here. A switch this
 machine cannot profit from (bf16 where it is emulated) is not suggested; it is `withheld`, with its fact.
 """
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 from .. import options
 from ..core.hardware import Hardware
 from ..data.crops import TrainCrop
 from ..loop.clock import Window
+from .advice import Settings, Suggestion
+from .storage import loader_cause, storage_limits, storage_side
 
 NOTICEABLE = 0.10  # a share of the time below this, waiting for data or for the host, is noise
 BOUND = 0.30  # from this share on, that wait sets the pace
 CPU_SATURATED = 85.0  # percent of all cores
-IOWAIT_HIGH = 10.0  # percent of CPU time stalled on disk
 FEW_STEPS_PER_SYNC = 50  # train.log_every below this syncs often enough to show in a host-bound run
 SIDES = ("data", "host", "compute")
-
-
-@dataclass(frozen=True)
-class Suggestion:
-    """One switch to flip, why, and the fact that makes it apply on this machine."""
-    key: str  # a config key or group
-    value: str | None  # what to set it to; None where no single value fits (a larger train.batch_size)
-    why: str  # what flipping it changes
-    fact: str  # the measurement or hardware fact behind it
-    side: str  # data | host | compute: the share of the step it shortens
-    tunable: bool = True  # changes how fast, never what is learned: tune may trial it
-    also: dict[str, str] = field(default_factory=dict)  # switches that go with it (format=tensor: decoder=none)
-
-    @property
-    def change(self) -> dict[str, str]:
-        """The overrides it stands for; empty for a direction without a value."""
-        return {self.key: self.value, **self.also} if self.value is not None else {}
-
-    def line(self) -> str:
-        switch = " ".join(f"{key}={value}" for key, value in self.change.items())
-        return f"{self.why}{': ' + switch if switch else ''} ({self.fact})."
-
-    def record(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Settings:
-    """The options the advice refers to, so that it names only switches not flipped already."""
-    num_workers: int
-    prefetch_factor: int
-    pin_memory: bool
-    persistent_workers: bool
-    batch_size: int = 64
-    log_every: int = 20
-    precision: str = "fp32"
-    channels_last: bool = False
-    compile: bool = False
-    cudnn: str = "default"
-    crop_size: int = 224
-    choices: dict[str, str] = field(default_factory=dict)  # group -> option picked
-
-    def picked(self, group: str) -> options.Facts:
-        """The facts of the option picked for `group` (its default's, where the run did not say)."""
-        return options.facts(group, self.choices.get(group) or options.default(group))
 
 
 @dataclass
@@ -110,7 +66,8 @@ def diagnose(total: Window, system: dict[str, float], hardware: Hardware, settin
     took = (f", and the loader's workers took {workers:.0f}% of the cores the step computes on"
             if not hardware.on_gpu and workers >= 100 * NOTICEABLE else "")
     if first == "data":
-        verdict = f"Data loading is {strength}: the {hardware.device} waited for data {data} of the time{took}."
+        verdict = (f"Data loading is {strength}: the {hardware.device} waited for data {data} of the time{took}."
+                   + loader_cause(system))
     elif first == "host":
         verdict = (f"The host is {strength}: the GPU sat idle {host} of the time with the next batch ready, "
                    f"waiting for Python, kernel launches or syncs (data wait {data}).")
@@ -125,27 +82,15 @@ def diagnose(total: Window, system: dict[str, float], hardware: Hardware, settin
 
 def data_side(total: Window, system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
     """The device waits for batches: read, decode or copy them faster."""
-    cpu, iowait, cores = system.get("sys/cpu_util", 0.0), system.get("sys/iowait", 0.0), hardware.cores
+    cpu, cores = system.get("sys/cpu_util", 0.0), hardware.cores
     waited = f"the {hardware.device} waited for data {100 * total.data_frac:.0f}% of the time"
     found: list[Suggestion] = []
     workers = system.get("sys/loader_cpu", 0.0)
-    if not hardware.on_gpu and workers >= 100 * NOTICEABLE:
+    if storage_limits(system):
+        found += storage_side(system, hardware, settings)
+    elif not hardware.on_gpu and workers >= 100 * NOTICEABLE:
         found += lighter_decoding(settings, hardware, f"the loader's workers took {workers:.0f}% of the {cores} "
                                                       "cores the step computes on")
-    elif iowait >= IOWAIT_HIGH:
-        stalled = f"the CPU stalled on disk reads {iowait:.0f}% of the time (iowait {iowait:.0f}%)"
-        if settings.prefetch_factor < 4:
-            found.append(Suggestion("loader.prefetch_factor", "4", "Keep more reads in flight, overlapping compute",
-                                    stalled, "data"))
-        if not settings.picked("staging").copies_to_ram:
-            found += [Suggestion("staging", option, "Copy the data into RAM once, if it fits", stalled, "data")
-                      for option in options.having("staging", "copies_to_ram")]
-        if not settings.picked("format").packed:
-            packs = options.having("format", "packed_for_storage")
-            found.append(Suggestion(
-                "format", packs[0], "Turn millions of small reads into a few long ones: pack once with "
-                f"`python -m {options.PACKAGE}.pack format={packs[0]}`"
-                + "".join(f" (or format={other})" for other in packs[1:]), stalled, "data", tunable=False))
     elif cpu >= CPU_SATURATED:
         saturated = f"the CPU is saturated, {cpu:.0f}% of {cores} cores: decoding and cropping are the limit and " \
                     "more workers will not help"

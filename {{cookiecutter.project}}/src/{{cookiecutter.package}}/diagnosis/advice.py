@@ -1,0 +1,50 @@
+"""The records advice is made of: a `Suggestion` (a switch, why, and the fact behind it) and the `Settings` of the
+run it is for, so that it names only switches not flipped already."""
+from dataclasses import asdict, dataclass, field
+
+from .. import options
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """One switch to flip, why, and the fact that makes it apply on this machine."""
+    key: str  # a config key or group
+    value: str | None  # what to set it to; None where no single value fits (a larger train.batch_size)
+    why: str  # what flipping it changes
+    fact: str  # the measurement or hardware fact behind it
+    side: str  # data | host | compute: the share of the step it shortens
+    tunable: bool = True  # changes how fast, never what is learned: tune may trial it
+    also: dict[str, str] = field(default_factory=dict)  # switches that go with it (format=tensor: decoder=none)
+
+    @property
+    def change(self) -> dict[str, str]:
+        """The overrides it stands for; empty for a direction without a value."""
+        return {self.key: self.value, **self.also} if self.value is not None else {}
+
+    def line(self) -> str:
+        switch = " ".join(f"{key}={value}" for key, value in self.change.items())
+        return f"{self.why}{': ' + switch if switch else ''} ({self.fact})."
+
+    def record(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Settings:
+    """The options the advice refers to, so that it names only switches not flipped already."""
+    num_workers: int
+    prefetch_factor: int
+    pin_memory: bool
+    persistent_workers: bool
+    batch_size: int = 64
+    log_every: int = 20
+    precision: str = "fp32"
+    channels_last: bool = False
+    compile: bool = False
+    cudnn: str = "default"
+    crop_size: int = 224
+    choices: dict[str, str] = field(default_factory=dict)  # group -> option picked
+
+    def picked(self, group: str) -> options.Facts:
+        """The facts of the option picked for `group` (its default's, where the run did not say)."""
+        return options.facts(group, self.choices.get(group) or options.default(group))

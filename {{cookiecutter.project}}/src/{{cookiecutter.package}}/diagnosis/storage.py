@@ -1,0 +1,61 @@
+"""Storage or decode: when data loading sets the pace, were the loader's workers waiting on reads or busy decoding?
+
+The workers time each image's read from the store apart from its decode and crop (`data.images.ReadTimes`):
+`loader/read_share` is the percentage of their time per image spent reading. iowait says the same for local
+disks, but waits on FUSE, NFS or object storage barely raise it, so the workers' own figure decides first.
+"""
+from .. import options
+from ..core.hardware import Hardware
+from .advice import Settings, Suggestion
+
+READS_DOMINATE = 50.0  # percent of a worker's time per image spent reading: from here on, storage sets the pace
+IOWAIT_HIGH = 10.0  # percent of CPU time stalled on disk
+READERS_PER_CORE = (2, 4)  # workers that mostly wait on reads take little CPU: 2-4x the cores keeps reads in flight
+
+
+def storage_limits(system: dict[str, float]) -> bool:
+    return system.get("loader/read_share", 0.0) >= READS_DOMINATE or system.get("sys/iowait", 0.0) >= IOWAIT_HIGH
+
+
+def reading_fact(system: dict[str, float]) -> str:
+    share, iowait = system.get("loader/read_share", 0.0), system.get("sys/iowait", 0.0)
+    if share >= READS_DOMINATE:
+        return (f"the loader's workers spent {share:.0f}% of each image's time reading it "
+                f"({system['loader/read_ms']:.1f} ms a read, {system['loader/decode_ms']:.1f} ms decoding)")
+    return f"the CPU stalled on disk reads {iowait:.0f}% of the time (iowait {iowait:.0f}%)"
+
+
+def loader_cause(system: dict[str, float]) -> str:
+    """The verdict's second sentence: what the workers were doing, where they measured it."""
+    if "loader/read_share" not in system or not system.get("loader/read_ms", 0.0) + system.get("loader/decode_ms", 0.0):
+        return ""
+    if storage_limits(system):
+        return f" The loader's workers were waiting on storage: {reading_fact(system)}."
+    return (f" The loader's workers were busy decoding: decoding and cropping took "
+            f"{100 - system['loader/read_share']:.0f}% of each image's time ({system['loader/decode_ms']:.1f} ms an "
+            f"image, {system['loader/read_ms']:.1f} ms reading).")
+
+
+def storage_side(system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
+    """Read less often and in bigger pieces, keep more reads in flight, or read from RAM."""
+    fact, found = reading_fact(system), []
+    more = next((factor * hardware.cores for factor in READERS_PER_CORE
+                 if settings.num_workers < factor * hardware.cores), None)
+    if more:
+        found.append(Suggestion("loader.num_workers", str(more), f"Keep more reads in flight: workers waiting on "
+                                f"reads take little CPU, so {more} fit on {hardware.cores} cores (now "
+                                f"{settings.num_workers})", fact, "data"))
+    if settings.prefetch_factor < 4:
+        found.append(Suggestion("loader.prefetch_factor", "4", "Queue more batches ahead of the step", fact, "data"))
+    if not settings.picked("staging").copies_to_ram:
+        found += [Suggestion("staging", option, "Copy the data into RAM once, if it fits", fact, "data")
+                  for option in options.having("staging", "copies_to_ram")]
+    if not settings.picked("format").packed:
+        packs = options.having("format", "packed_for_storage")
+        found.append(Suggestion(
+            "format", packs[0], "Turn many small reads into a few long ones: pack once with "
+            f"`python -m {options.PACKAGE}.pack format={packs[0]}`"
+            + "".join(f" (or format={other})" for other in packs[1:])
+            + f"; `python -m {options.PACKAGE}.bench` measures how fast each format reads from this storage",
+            fact, "data", tunable=False))
+    return found

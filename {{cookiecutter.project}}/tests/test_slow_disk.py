@@ -1,0 +1,64 @@
+"""scripts/slowdisk.py, the simulated spinning disk and NFS share, and what the run says on them: the storage
+verdict where the loader's workers wait on reads, the decode verdict where they decode."""
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import tiny
+from slow_disk import mount_entry, slow_disk
+from test_train_in_process import train_in_process  # noqa: F401 (a fixture)
+
+HDD_MS_PER_FILE = 12 + 8 + 8  # open, the getattr before it, and the seek of its first read (scripts/slowdisk.py)
+
+
+def read_all(paths: list, readers: int) -> float:
+    """Seconds to open and read every file whole, with `readers` at once."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(readers) as pool:
+        list(pool.map(lambda path: path.read_bytes(), paths))
+    return time.perf_counter() - start
+
+
+def test_the_disk_charges_each_open_and_seek_and_nfs_overlaps_requests_where_a_disk_head_cannot(tiny_root, tmp_path):
+    files = sorted((tiny_root / "train").rglob("*.JPEG"))
+    for profile, overlaps in (("hdd", False), ("nfs", True)):
+        mountpoint = tmp_path / profile
+        with slow_disk(tiny_root, mountpoint, profile):
+            paths = [mountpoint / path.relative_to(tiny_root) for path in files]
+            alone, together = read_all(paths, 1), read_all(paths, 8)
+            assert [path.read_bytes() for path in paths[:3]] == [path.read_bytes() for path in files[:3]]
+        assert mount_entry(mountpoint) is None
+        if profile == "hdd":
+            assert alone >= len(files) * HDD_MS_PER_FILE / 1000, alone
+        assert (together < 0.5 * alone) == overlaps, (profile, alone, together)
+        assert "daemon CPU" in (tmp_path / f"{profile}.log").read_text()
+
+
+def test_a_frozen_daemon_is_aborted_and_never_hangs_the_test(tiny_root, tmp_path):
+    mountpoint = tmp_path / "frozen"
+    start = time.monotonic()
+    with slow_disk(tiny_root, mountpoint, "nfs") as daemon:
+        os.kill(daemon.pid, signal.SIGSTOP)
+    assert mount_entry(mountpoint) is None and daemon.returncode is not None
+    assert time.monotonic() - start < 40
+
+
+def test_a_data_bound_run_on_the_slow_disk_gets_the_storage_verdict_and_local_decoding_the_decode_one(
+        train_in_process, tiny_root, tmp_path):
+    """The same tiny tree, once on the simulated disk with every read slow, once local with decoding in the
+    training process."""
+    with slow_disk(tiny_root, tmp_path / "hdd", "hdd", "--open-ms", "100"):  # reads far slower than the step
+        on_disk = train_in_process("data=imagenet", f"data.root={tmp_path / 'hdd'}", "loader.num_workers=1")
+    assert on_disk["bound"] == "data", on_disk["verdict"]
+    assert "waiting on storage" in on_disk["verdict"], on_disk["verdict"]
+    keys = {suggestion["key"] for suggestion in on_disk["suggestions"]}
+    assert {"staging", "format"} <= keys and "decoder" not in keys
+    assert on_disk["system"]["loader/read_share"] > 50
+    local = train_in_process("data=imagenet", "decoder=pil", "loader.num_workers=0", "model.name=mobilenet_v3_small",
+                             "train.batch_size=8", "train.log_every=1")  # a light step, so that decoding shows
+    assert local["bound"] == "data" and "busy decoding" in local["verdict"], local["verdict"]
+    assert not {"staging", "format"} & {suggestion["key"] for suggestion in local["suggestions"]
+                                        if suggestion["value"] != "tensor"}
