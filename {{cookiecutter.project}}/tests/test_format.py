@@ -138,6 +138,16 @@ def test_failed_or_interrupted_pack_leaves_nothing_that_looks_valid(format, tiny
         assert list(tmp_path.iterdir()) == []
 
 
+def test_a_validation_split_without_some_classes_keeps_the_training_labels(tiny_root, tmp_path):
+    shutil.copytree(tiny_root, tmp_path / "tree")
+    first, *others = sorted(path.name for path in (tmp_path / "tree" / "val").iterdir())
+    shutil.rmtree(tmp_path / "tree" / "val" / first)
+    train, val, classes = folder.open_tree(tmp_path / "tree")
+    assert classes == [first, *others]
+    assert sorted({label for _, label in (val.read(index) for index in range(len(val)))}) == [1, 2]
+    assert {val.name(index).split(os.sep)[-2] for index in range(len(val))} == set(others)
+
+
 def test_pack_refuses_what_it_cannot_do(tiny_root, tmp_path, tree_with_bad_files):
     with pytest.raises(ConfigError, match="pack.short_side"):
         pack(tiny_root, "tensor", tmp_path / "t", None, 90, 1, False, "raise")

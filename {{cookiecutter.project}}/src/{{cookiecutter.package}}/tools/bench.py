@@ -23,12 +23,13 @@ from ..data.loaders import training_loader
 from ..data.sources import Source
 from ..data.staging import no_staging
 from .pack import pack
+from .storage_probe import storage_rows
 
 log = logging.getLogger(__name__)
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
 COLUMNS = ("decoder", "format", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling", "unreadable", "page_cache",
-           "note")
+           "read_mb_s", "sequential_mb_s", "first_batch_s", "limit", "note")
 
 
 def time_epochs(loader, epochs: int, upload=lambda batch: None, device: torch.device = ALONE.device) -> float:
@@ -145,11 +146,16 @@ def decode_only(root: Path, cpu_decoders: dict[str, CpuDecoder]) -> tuple[str, f
     return fastest, rates[fastest], unreadable[fastest]
 
 
+def files_of(format: str, source: Source, pack_dir: Path) -> Path:
+    """Where `format` keeps the training images: its pack, or the source tree."""
+    return pack_dir / f"{source.root.name}-{format}" if options.facts("format", format).packed else source.root / "train"
+
+
 def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> Stores:
     """The training split in `format`, packed from the source tree on first use."""
     node, facts = OmegaConf.load(options.CONF / "format" / f"{format}.yaml"), options.facts("format", format)
     if facts.packed:
-        node["path"] = str(pack_dir / f"{source.root.name}-{format}")
+        node["path"] = str(files_of(format, source, pack_dir))
         if not Path(node["path"]).exists():
             pack(source.root, format, Path(node["path"]), short_side if facts.holds_pixels else None, 90,
                  os.cpu_count() or 1, False, "skip")
@@ -161,8 +167,9 @@ def chart(rows: list[dict], path: Path) -> None:
     rows = [row for row in rows if row["images_per_s"]]  # not the decoders this machine could not run
     figure, axes = pyplot.subplots(figsize=(max(6, len(rows) * 0.9), 4))
     labels = [f"{row['decoder']}\n{row['format']}\nw={row['num_workers']}" for row in rows]
+    colours = {"storage": "tab:orange"}  # the storage probe's reads beside the loaders and references
     axes.bar(labels, [row["images_per_s"] for row in rows],
-             color=["grey" if row.get("reference") else "tab:blue" for row in rows])
+             color=[colours.get(row["decoder"], "grey" if row.get("reference") else "tab:blue") for row in rows])
     axes.set_ylabel("images/s (loader only)")
     axes.tick_params(axis="x", labelsize=7)
     figure.tight_layout()
@@ -223,19 +230,27 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                 row["page_cache"] = cache
     for row in rows:
         row["note"] = "; ".join(filter(None, [row["note"], f"on {device.type}"]))
+    if settings.probe_storage:
+        pack_dir, readers = Path(settings.pack_dir).expanduser(), sorted({1, *(max(1, n) for n in settings.num_workers)})
+        probed = {format: (stores_for(format, source, pack_dir, settings.short_side).train,
+                           files_of(format, source, pack_dir)) for format in settings.formats}
+        rows += storage_rows(probed, readers, {count: decode_rate * min(count, os.cpu_count() or 1) for count in readers})
     with (run_dir / "bench.csv").open("w", newline="") as file:
         writer = csv.DictWriter(file, COLUMNS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows({**row, "images_per_s": round(row["images_per_s"], 1), "vs_baseline":
-                          round(row["vs_baseline"], 2), "vs_ceiling": round(row["vs_ceiling"], 2)} for row in rows)
+        writer.writerows({column: round(value, 2) if isinstance(value, float) else value
+                          for column, value in row.items()} for row in rows)
     chart(rows, run_dir / "bench.png")
     return rows
 
 
 def table(rows: list[dict]) -> str:
+    def ratio(value, width: int) -> str:
+        return f"{value:>{width}.2f}" if isinstance(value, float) else f"{'':>{width}}"
+
     lines = [f"{'decoder':<12}{'format':<8}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}"
              f"{'unreadable':>11}  note"]
     lines += [f"{row['decoder']:<12}{row['format']:<8}{row['num_workers']:>8}{row['images_per_s']:>10.0f}"
-              f"{row['vs_baseline']:>11.2f}{row['vs_ceiling']:>10.2f}{row['unreadable']!s:>11}  {row['note']}"
-              for row in rows]
+              f"{ratio(row.get('vs_baseline'), 11)}{ratio(row.get('vs_ceiling'), 10)}{row['unreadable']!s:>11}  "
+              f"{row['note']}" for row in rows]
     return "\n".join(lines)

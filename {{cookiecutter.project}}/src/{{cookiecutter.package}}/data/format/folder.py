@@ -19,7 +19,8 @@ def list_images(split_dir: Path, classes: list[str] | None = None) -> tuple[list
     classes = classes or found
     if set(found) - set(classes):
         raise ConfigError(f"{split_dir} has class folders that train/ lacks: {sorted(set(found) - set(classes))[:5]}")
-    samples = [(path, label) for label, name in enumerate(classes)
+    present = set(found)  # val may lack some of train's classes
+    samples = [(path, label) for label, name in enumerate(classes) if name in present
                for path in sorted((split_dir / name).iterdir()) if path.suffix.lower() in IMAGE_SUFFIXES]
     if not samples:
         raise ConfigError(f"{split_dir} holds no .JPEG, .jpg or .png files")

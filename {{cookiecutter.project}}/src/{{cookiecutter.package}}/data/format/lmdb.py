@@ -16,8 +16,10 @@ def _key(index: int) -> bytes:
 
 def _environment(path: Path, **options):
     import lmdb  # the extra, checked where the option is built (its _facts_) and by pack
-    # lock=False: the file is read-only from here on; readahead=False: random reads should not drag in neighbours
-    return lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=False, meminit=False,
+    # lock=False: the file is read-only from here on. readahead=True: without it the map is MADV_RANDOM and an image
+    # is read one 4 KB page fault at a time, each a request to the storage; on the simulated NFS share
+    # (scripts/slowdisk.py --profile nfs) that read 43 images/s against 271 with readahead (docs/benchmarks.md).
+    return lmdb.open(str(path), subdir=False, readonly=True, lock=False, readahead=True, meminit=False,
                      max_readers=1024, **options)
 
 

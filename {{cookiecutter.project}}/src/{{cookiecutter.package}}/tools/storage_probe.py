@@ -1,0 +1,115 @@
+"""bench's storage probe: how fast the data set's own storage serves the reads each format makes, and whether
+storage or decoding limits the loader.
+
+For each format: random reads of whole images the way training reads them (the format's store, in 1 and in N
+worker processes), and the sequential rate of its largest file. Cold where the OS lets this process drop the
+files' cached pages (posix_fadvise DONTNEED), verified with a read that must not wait (RWF_NOWAIT); marked warm
+otherwise. A read rate below the decode ceiling at the same worker count means storage limits the loader.
+"""
+import os
+import random
+import time
+from pathlib import Path
+
+from torch.utils.data import DataLoader, Dataset
+
+from ..contracts import Store
+
+PROBE_READS = 200  # random images read per probe, at most
+BATCH = 8  # images a worker reads per message back, as a loader's batch: the probe times reads, not messages
+SEQUENTIAL_BYTES = 256 << 20  # read from the largest file, at most
+CHUNK = 8 << 20
+
+
+class Payloads(Dataset):
+    """A store's images at `indices`, read whole; what crosses back is their size."""
+
+    def __init__(self, store: Store, indices: list[int]):
+        self.store, self.indices = store, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, position: int) -> int:
+        payload, _ = self.store.read(self.indices[position])
+        return len(payload) if isinstance(payload, bytes) else int(payload.nbytes)
+
+
+def files_under(path: Path) -> list[Path]:
+    return sorted(file for file in path.rglob("*") if file.is_file()) if path.is_dir() else [path]
+
+
+def drop_cached(files: list[Path]) -> str:
+    """Ask the OS to forget the files' cached pages; say whether the first one is now cold, checked by a read
+    that fails rather than wait for the disk."""
+    for file in files:
+        with open(file, "rb") as handle:
+            os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    probe = next((file for file in files if file.stat().st_size), None)
+    if probe is None:
+        return "warm: no data to probe"
+    with open(probe, "rb", buffering=0) as handle:
+        try:
+            served = os.preadv(handle.fileno(), [bytearray(4096)], 0, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return "cold (dropped with posix_fadvise, checked with RWF_NOWAIT)"
+        except OSError:
+            return "cold (dropped with posix_fadvise; this file system cannot confirm it)"
+    return "warm: the OS kept the pages cached" if served else "cold (dropped with posix_fadvise)"
+
+
+def read_rate(store: Store, readers: int, seed: int = 0) -> tuple[float, float, float]:
+    """(images/s, MB/s, seconds to the first batches) of whole-image random reads through `store` by `readers`
+    worker processes (1: this one), BATCH to a message. Each worker's first batch, which includes its start and
+    the opening of the format's files (format=tensor reads its whole file then), is timed apart."""
+    indices = random.Random(seed).sample(range(len(store)), min(PROBE_READS, len(store)))
+    workers = readers if readers > 1 else 0
+    loader = DataLoader(Payloads(store, indices), batch_size=BATCH, collate_fn=list, num_workers=workers,
+                        prefetch_factor=4 if workers else None)
+    began = time.perf_counter()
+    batches = iter(loader)
+    for _ in range(max(1, workers)):
+        next(batches)
+    start = time.perf_counter()
+    timed = [size for batch in batches for size in batch]
+    elapsed = max(time.perf_counter() - start, 1e-9)
+    return len(timed) / elapsed, sum(timed) / 1e6 / elapsed, start - began
+
+
+def sequential_mb_s(files: list[Path]) -> tuple[float, str]:
+    """MB/s reading the largest file from its start in CHUNK requests, and which file that was."""
+    largest = max(files, key=lambda file: file.stat().st_size)
+    read, start = 0, time.perf_counter()
+    with open(largest, "rb", buffering=0) as handle:
+        while read < SEQUENTIAL_BYTES and (chunk := handle.read(CHUNK)):
+            read += len(chunk)
+    return read / 1e6 / max(time.perf_counter() - start, 1e-9), f"{largest.name}, {read / 1e6:.1f} MB"
+
+
+def storage_rows(stores: dict[str, tuple[Store, Path]], readers: list[int], ceilings: dict[int, float]) -> list[dict]:
+    """bench rows for each format's `(training store, its files)`: random reads at each reader count, with the
+    side that limits a loader of as many workers, whose full-decode ceiling is `ceilings[workers]`, and the
+    sequential rate of the format's largest file."""
+    rows = []
+    for format, (store, path) in stores.items():
+        files = files_under(path)
+        drop_cached(files)
+        sequential, which = sequential_mb_s(files)
+        # The most readers first: a store read in this process cannot be opened again in workers forked from it
+        # (LMDB refuses an environment inherited through fork).
+        for count in sorted(readers, reverse=True):
+            cache = drop_cached(files)
+            rate, mb_s, opening = read_rate(store, count)
+            ceiling = ceilings[count]
+            limit = (f"storage limits a {count}-worker loader: {rate:.0f} reads/s < {ceiling:.0f} decodes/s"
+                     if rate < ceiling else f"decoding limits a {count}-worker loader: {ceiling:.0f} decodes/s <= "
+                     f"{rate:.0f} reads/s")
+            rows.append({"decoder": "storage", "format": format, "num_workers": count, "images_per_s": rate,
+                         "vs_ceiling": rate / ceiling, "read_mb_s": mb_s, "sequential_mb_s": sequential,
+                         "page_cache": cache, "reference": True, "unreadable": "",
+                         "limit": "storage" if rate < ceiling else "decode",
+                         "first_batch_s": opening,
+                         "note": f"random whole-image reads as format={format} reads them, after a first batch per "
+                                 f"reader in {opening:.2f} s (start, opening); {limit}; sequential: the largest file "
+                                 f"({which})"})
+    return rows
