@@ -24,6 +24,12 @@ def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp
     assert result.returncode == 0, result.stderr[-3000:]
     with (tmp_path / "bench.csv").open() as file:
         written = list(csv.DictReader(file))
+    probe = [row for row in written if row["decoder"] == "storage"]
+    assert sorted((row["format"], row["num_workers"]) for row in probe) == [
+        (format, "1") for format in ("folder", "litdata", "tensor")]  # 1 reader: 0 workers read in one process
+    assert all(float(row["images_per_s"]) > 0 and float(row["sequential_mb_s"]) > 0 and row["limit"] in
+               ("storage", "decode") and row["page_cache"].startswith(("cold", "warm")) for row in probe), probe
+    written = [row for row in written if row["decoder"] != "storage"]
     decoders = [name for name in options.options("decoder") if name != "none"]  # bench.decoders=all
     for workers in ("0", "1"):
         rows_here = [(row["decoder"], row["format"]) for row in written if row["num_workers"] == workers]

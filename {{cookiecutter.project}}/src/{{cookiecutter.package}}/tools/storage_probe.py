@@ -64,7 +64,8 @@ def read_rate(store: Store, readers: int, seed: int = 0) -> tuple[float, float, 
     the opening of the format's files (format=tensor reads its whole file then), is timed apart."""
     indices = random.Random(seed).sample(range(len(store)), min(PROBE_READS, len(store)))
     workers = readers if readers > 1 else 0
-    loader = DataLoader(Payloads(store, indices), batch_size=BATCH, collate_fn=list, num_workers=workers,
+    batch = max(1, min(BATCH, len(indices) // (4 * max(1, workers))))  # a small data set: several batches per reader
+    loader = DataLoader(Payloads(store, indices), batch_size=batch, collate_fn=list, num_workers=workers,
                         prefetch_factor=4 if workers else None)
     began = time.perf_counter()
     batches = iter(loader)
