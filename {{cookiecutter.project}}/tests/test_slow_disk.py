@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import tiny
-from slow_disk import mount_entry, slow_disk
+from slow_disk import missing_fuse, mount_entry, slow_disk
 from test_train_in_process import train_in_process  # noqa: F401 (a fixture)
 
 HDD_MS_PER_FILE = 12 + 8 + 8  # open, the getattr before it, and the seek of its first read (scripts/slowdisk.py)
@@ -37,6 +37,17 @@ def test_the_disk_charges_each_open_and_seek_and_nfs_overlaps_requests_where_a_d
         assert "daemon CPU" in (tmp_path / f"{profile}.log").read_text()
 
 
+def test_without_fuse_the_tests_skip_with_the_reason(monkeypatch, tiny_root, tmp_path):
+    real_exists = os.path.exists
+    monkeypatch.setattr(os.path, "exists", lambda path: path != "/dev/fuse" and real_exists(path))
+    assert missing_fuse() == "no /dev/fuse on this machine"
+    with pytest.raises(pytest.skip.Exception, match="slow-disk tests need FUSE: no /dev/fuse"):
+        with slow_disk(tiny_root, tmp_path / "never", "hdd"):
+            pass
+    assert mount_entry(tmp_path / "never") is None
+
+
+@pytest.mark.full  # waits out the unmount on purpose
 def test_a_frozen_daemon_is_aborted_and_never_hangs_the_test(tiny_root, tmp_path):
     mountpoint = tmp_path / "frozen"
     start = time.monotonic()
