@@ -67,6 +67,17 @@ def test_round_trip_keeps_labels_classes_and_pixels(format, packs, tiny_root):
                 assert store.read(index)[0] == source.paths[index].read_bytes()
 
 
+@pytest.mark.parametrize("format", ["folder", *PACKED])
+def test_each_store_names_the_local_files_its_images_are_read_from(format, packs, tiny_root):
+    """What bench's storage probe drops from the page cache before it reads: the very bytes the images are."""
+    store = (original(tiny_root) if format == "folder" else open_pack(format, packs[format])).train
+    files = store.files([0, 5])
+    assert files and all(path.is_file() for path in files)
+    held = b"".join(path.read_bytes() for path in files)
+    if not options.facts("format", format).holds_pixels:
+        assert all(store.read(index)[0] in held for index in (0, 5))
+
+
 @pytest.mark.parametrize("format", ["hdf5", "lmdb", "litdata"])
 def test_resized_encoded_pack_stays_within_jpeg_tolerance(format, tiny_root, tmp_path):
     report = pack(tiny_root, format, tmp_path / "out", 48, 90, 1, False, "raise")

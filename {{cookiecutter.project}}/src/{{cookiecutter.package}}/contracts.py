@@ -76,6 +76,11 @@ class Store(ABC):
     def name(self, index: int) -> str:
         """What an error message calls this image."""
 
+    def files(self, indices: list[int]) -> list[Path]:
+        """The local files that hold the images at `indices`, which bench's storage probe drops from the page
+        cache before it reads them; none for a store that is not in local files."""
+        return []
+
     def __getstate__(self) -> dict:
         return {key: value for key, value in self.__dict__.items() if not key.startswith("_")} | {"_pid": None}
 

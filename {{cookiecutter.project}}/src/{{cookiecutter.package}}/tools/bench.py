@@ -146,16 +146,11 @@ def decode_only(root: Path, cpu_decoders: dict[str, CpuDecoder]) -> tuple[str, f
     return fastest, rates[fastest], unreadable[fastest]
 
 
-def files_of(format: str, source: Source, pack_dir: Path) -> Path:
-    """Where `format` keeps the training images: its pack, or the source tree."""
-    return pack_dir / f"{source.root.name}-{format}" if options.facts("format", format).packed else source.root / "train"
-
-
 def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> Stores:
     """The training split in `format`, packed from the source tree on first use."""
     node, facts = OmegaConf.load(options.CONF / "format" / f"{format}.yaml"), options.facts("format", format)
     if facts.packed:
-        node["path"] = str(files_of(format, source, pack_dir))
+        node["path"] = str(pack_dir / f"{source.root.name}-{format}")
         if not Path(node["path"]).exists():
             pack(source.root, format, Path(node["path"]), short_side if facts.holds_pixels else None, 90,
                  os.cpu_count() or 1, False, "skip")
@@ -232,8 +227,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
         row["note"] = "; ".join(filter(None, [row["note"], f"on {device.type}"]))
     if settings.probe_storage:
         pack_dir, readers = Path(settings.pack_dir).expanduser(), sorted({1, *(max(1, n) for n in settings.num_workers)})
-        probed = {format: (stores_for(format, source, pack_dir, settings.short_side).train,
-                           files_of(format, source, pack_dir)) for format in settings.formats}
+        probed = {format: stores_for(format, source, pack_dir, settings.short_side).train for format in settings.formats}
         rows += storage_rows(probed, readers, {count: decode_rate * min(count, os.cpu_count() or 1) for count in readers})
     with (run_dir / "bench.csv").open("w", newline="") as file:
         writer = csv.DictWriter(file, COLUMNS, extrasaction="ignore")

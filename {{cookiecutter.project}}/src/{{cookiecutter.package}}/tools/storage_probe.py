@@ -35,34 +35,31 @@ class Payloads(Dataset):
         return len(payload) if isinstance(payload, bytes) else int(payload.nbytes)
 
 
-def files_under(path: Path) -> list[Path]:
-    return sorted(file for file in path.rglob("*") if file.is_file()) if path.is_dir() else [path]
-
-
 def drop_cached(files: list[Path]) -> str:
     """Ask the OS to forget the files' cached pages; say whether the first one is now cold, checked by a read
     that fails rather than wait for the disk."""
+    if not files:
+        return "warm: not in local files"
+    if not hasattr(os, "posix_fadvise"):
+        return "warm: this OS cannot drop a file's cached pages"
     for file in files:
         with open(file, "rb") as handle:
             os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    probe = next((file for file in files if file.stat().st_size), None)
-    if probe is None:
-        return "warm: no data to probe"
+    probe = next((file for file in files if file.stat().st_size), files[0])
     with open(probe, "rb", buffering=0) as handle:
         try:
             served = os.preadv(handle.fileno(), [bytearray(4096)], 0, os.RWF_NOWAIT)
         except BlockingIOError:
             return "cold (dropped with posix_fadvise, checked with RWF_NOWAIT)"
-        except OSError:
+        except (OSError, AttributeError):  # AttributeError: no RWF_NOWAIT on this OS or Python
             return "cold (dropped with posix_fadvise; this file system cannot confirm it)"
     return "warm: the OS kept the pages cached" if served else "cold (dropped with posix_fadvise)"
 
 
-def read_rate(store: Store, readers: int, seed: int = 0) -> tuple[float, float, float]:
+def read_rate(store: Store, indices: list[int], readers: int) -> tuple[float, float, float]:
     """(images/s, MB/s, seconds to the first batches) of whole-image random reads through `store` by `readers`
     worker processes (1: this one), BATCH to a message. Each worker's first batch, which includes its start and
     the opening of the format's files (format=tensor reads its whole file then), is timed apart."""
-    indices = random.Random(seed).sample(range(len(store)), min(PROBE_READS, len(store)))
     workers = readers if readers > 1 else 0
     batch = max(1, min(BATCH, len(indices) // (4 * max(1, workers))))  # a small data set: several batches per reader
     loader = DataLoader(Payloads(store, indices), batch_size=batch, collate_fn=list, num_workers=workers,
@@ -78,7 +75,9 @@ def read_rate(store: Store, readers: int, seed: int = 0) -> tuple[float, float, 
 
 
 def sequential_mb_s(files: list[Path]) -> tuple[float, str]:
-    """MB/s reading the largest file from its start in CHUNK requests, and which file that was."""
+    """MB/s reading the largest of `files` from its start in CHUNK requests, and which file that was."""
+    if not files:
+        return 0.0, "no local files"
     largest = max(files, key=lambda file: file.stat().st_size)
     read, start = 0, time.perf_counter()
     with open(largest, "rb", buffering=0) as handle:
@@ -87,20 +86,21 @@ def sequential_mb_s(files: list[Path]) -> tuple[float, str]:
     return read / 1e6 / max(time.perf_counter() - start, 1e-9), f"{largest.name}, {read / 1e6:.1f} MB"
 
 
-def storage_rows(stores: dict[str, tuple[Store, Path]], readers: list[int], ceilings: dict[int, float]) -> list[dict]:
-    """bench rows for each format's `(training store, its files)`: random reads at each reader count, with the
-    side that limits a loader of as many workers, whose full-decode ceiling is `ceilings[workers]`, and the
-    sequential rate of the format's largest file."""
+def storage_rows(stores: dict[str, Store], readers: list[int], ceilings: dict[int, float]) -> list[dict]:
+    """bench rows for each format's training store: random reads at each reader count, with the side that limits
+    a loader of as many workers, whose full-decode ceiling is `ceilings[workers]`, and the sequential rate of the
+    largest file the reads touch."""
     rows = []
-    for format, (store, path) in stores.items():
-        files = files_under(path)
+    for format, store in stores.items():
+        indices = random.Random(0).sample(range(len(store)), min(PROBE_READS, len(store)))
+        files = store.files(indices)
         drop_cached(files)
         sequential, which = sequential_mb_s(files)
         # The most readers first: a store read in this process cannot be opened again in workers forked from it
         # (LMDB refuses an environment inherited through fork).
         for count in sorted(readers, reverse=True):
             cache = drop_cached(files)
-            rate, mb_s, opening = read_rate(store, count)
+            rate, mb_s, opening = read_rate(store, indices, count)
             ceiling = ceilings[count]
             limit = (f"storage limits a {count}-worker loader: {rate:.0f} reads/s < {ceiling:.0f} decodes/s"
                      if rate < ceiling else f"decoding limits a {count}-worker loader: {ceiling:.0f} decodes/s <= "
@@ -108,8 +108,7 @@ def storage_rows(stores: dict[str, tuple[Store, Path]], readers: list[int], ceil
             rows.append({"decoder": "storage", "format": format, "num_workers": count, "images_per_s": rate,
                          "vs_ceiling": rate / ceiling, "read_mb_s": mb_s, "sequential_mb_s": sequential,
                          "page_cache": cache, "reference": True, "unreadable": "",
-                         "limit": "storage" if rate < ceiling else "decode",
-                         "first_batch_s": opening,
+                         "limit": "storage" if rate < ceiling else "decode", "first_batch_s": opening,
                          "note": f"random whole-image reads as format={format} reads them, after a first batch per "
                                  f"reader in {opening:.2f} s (start, opening); {limit}; sequential: the largest file "
                                  f"({which})"})

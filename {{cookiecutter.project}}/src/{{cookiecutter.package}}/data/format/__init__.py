@@ -26,6 +26,9 @@ class Packed(Store):
     def name(self, index: int) -> str:
         return f"{self.path}[{index}]"
 
+    def files(self, indices: list[int]) -> list[Path]:
+        return [self.path]
+
 
 def read_meta(folder: Path, format: str) -> dict:
     """pack.json of a packed folder, refusing a folder of another format or one whose files do not match it."""

@@ -38,6 +38,9 @@ class ImageFiles(Store):
     def name(self, index: int) -> str:
         return str(self.paths[index])
 
+    def files(self, indices: list[int]) -> list[Path]:
+        return [self.paths[index] for index in indices]
+
 
 def open_tree(root: Path) -> tuple[ImageFiles, ImageFiles, list[str]]:
     train, classes = list_images(root / "train")
