@@ -5,7 +5,7 @@ from {{ cookiecutter.package }}.tools.storage_probe import drop_cached, storage_
 
 from slow_disk import slow_disk
 
-HDD_READS_PER_S = 1000 / (12 + 8 + 8)  # at most, one head: an open, its getattr and a seek per file
+HDD_READS_PER_S = 1000 / (12 + 8)  # at most, one head: an open and a seek per file (its getattr may be cached)
 
 
 def probe_folder(root, readers, ceiling):
@@ -15,13 +15,13 @@ def probe_folder(root, readers, ceiling):
 
 
 def test_reads_from_a_slow_disk_are_counted_cold_and_limit_the_loader_where_local_reads_do_not(tiny_root, tmp_path):
-    ceiling = 60.0  # decodes/s per worker: above the disk's reads (at most 36/s, one head), well below local ones
+    ceiling = 80.0  # decodes/s per worker: above the disk's reads (at most 50/s, one head), well below local ones
     local = probe_folder(tiny_root, [1, 2], ceiling)
     with slow_disk(tiny_root, tmp_path / "hdd", "hdd"):
         on_disk = probe_folder(tmp_path / "hdd", [1, 2], ceiling)
     for readers in (1, 2):
-        assert on_disk[readers]["images_per_s"] <= 1.2 * HDD_READS_PER_S, on_disk[readers]
-        assert local[readers]["images_per_s"] > 10 * on_disk[readers]["images_per_s"], (local, on_disk)
+        assert on_disk[readers]["images_per_s"] <= 1.1 * HDD_READS_PER_S, on_disk[readers]
+        assert local[readers]["images_per_s"] > 5 * on_disk[readers]["images_per_s"], (local, on_disk)
         assert on_disk[readers]["limit"] == "storage" and "storage limits" in on_disk[readers]["note"]
         assert local[readers]["limit"] == "decode"
         assert on_disk[readers]["page_cache"].startswith("cold")
