@@ -39,17 +39,15 @@ def loader_cause(system: dict[str, float]) -> str:
 def storage_side(system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
     """Read less often and in bigger pieces, keep more reads in flight, or read from RAM."""
     fact, found = reading_fact(system), []
-    more = next((factor * hardware.cores for factor in READERS_PER_CORE
-                 if settings.num_workers < factor * hardware.cores), None)
-    if more:
-        found.append(Suggestion("loader.num_workers", str(more), f"Keep more reads in flight: workers waiting on "
-                                f"reads take little CPU, so {more} fit on {hardware.cores} cores (now "
-                                f"{settings.num_workers})", fact, "data"))
-    if settings.prefetch_factor < 4:
-        found.append(Suggestion("loader.prefetch_factor", "4", "Queue more batches ahead of the step", fact, "data"))
     if not settings.picked("staging").copies_to_ram:
         found += [Suggestion("staging", option, "Copy the data into RAM once, if it fits", fact, "data")
                   for option in options.having("staging", "copies_to_ram")]
+    more = next((factor * hardware.cores for factor in READERS_PER_CORE
+                 if settings.num_workers < factor * hardware.cores), None)
+    if more:  # after RAM, which takes the reads away; more readers only queue more of them
+        found.append(Suggestion("loader.num_workers", str(more), f"Keep more reads in flight: workers waiting on "
+                                f"reads take little CPU, so {more} fit on {hardware.cores} cores (now "
+                                f"{settings.num_workers})", fact, "data"))
     if not settings.picked("format").packed:
         packs = options.having("format", "packed_for_storage")
         found.append(Suggestion(
@@ -58,4 +56,6 @@ def storage_side(system: dict[str, float], hardware: Hardware, settings: Setting
             + "".join(f" (or format={other})" for other in packs[1:])
             + f"; `python -m {options.PACKAGE}.bench` measures how fast each format reads from this storage",
             fact, "data", tunable=False))
+    if settings.prefetch_factor < 4:
+        found.append(Suggestion("loader.prefetch_factor", "4", "Queue more batches ahead of the step", fact, "data"))
     return found
