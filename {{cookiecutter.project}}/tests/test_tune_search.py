@@ -8,6 +8,7 @@ from {{ cookiecutter.package }}.diagnosis.verdict import Settings, diagnose
 from {{ cookiecutter.package }}.loop.clock import Window
 from {{ cookiecutter.package }}.tools.trials import Progress, Trial, first_timed
 from {{ cookiecutter.package }}.tools.tune.plan import moves
+from {{ cookiecutter.package }}.tools.tune.outputs import write_outputs
 from {{ cookiecutter.package }}.tools.tune.search import search
 from {{ cookiecutter.package }}.tools.tune.statistics import Config, slower_than
 
@@ -124,6 +125,20 @@ def test_search_says_what_the_budget_did_not_reach(compose_tiny_tune):
     result = search(cfg, trials, lambda summary: None)
     assert len(result["trials"]) == 3
     assert any(why == "not reached: the budget ran out first" for _, why in result["left_out"])
+
+
+def test_a_change_far_ahead_in_its_one_trial_is_named_when_the_budget_ends_before_a_second(compose_tiny_tune,
+                                                                                           tmp_path):
+    """As on a slow disk, where each trial takes minutes: the first candidate wins big once, and the budget ends."""
+    cfg = compose_tiny_tune("tune.repeats=2")
+    trials = ScriptedTrials(AVX2, lambda settings: (300.0, 0.02) if settings else (50.0, 0.8), budget=3)
+    result = search(cfg, trials, lambda summary: None)
+    assert result["best"].settings == {} and len(result["trials"]) == 3
+    first = result["trials"][2].change
+    assert [(settings, round(gain)) for settings, gain in result["unconfirmed"]] == [(first, 6)]
+    before_after, _, _ = write_outputs(result, tmp_path, [])
+    overrides = " ".join(f"{key}={value}" for key, value in first.items())
+    assert f"{overrides} ran x6.00 that in its one trial" in before_after and "raise tune.budget_min" in before_after
 
 
 def written_progress(tmp_path, setup_s: float, *rates: float) -> Progress:

@@ -54,6 +54,9 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
         before_after = (f"no change beat the noise (trials of one configuration differ by {100 * result['noise']:.1f}%, "
                         f"one standard deviation): {start.rate:.1f} images/s, {before['bound']}-bound; keep this "
                         "configuration")
+    for settings, gain in result.get("unconfirmed", []):
+        before_after += (f"; {' '.join(as_overrides(settings))} ran x{gain:.2f} that in its one trial, and the budget "
+                         "ended before a second could confirm it: raise tune.budget_min")
     keep = [override for override in given
             if override.split("=")[0].lstrip("+~") not in best.settings and not override.startswith("+experiment=")]
     command = " ".join([f"python -m {options.PACKAGE}.train", f"--config-dir {run_dir}", "+experiment=tuned", *keep])

@@ -85,8 +85,12 @@ def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
                  if tuple(sorted({**best.settings, **change}.items())) not in configs
                  and changes_something(change, best, cfg)]
     repeated = sum(len(config.measured) > 1 for config in configs.values())
-    return {"trials": trials.done, "noise": noise(configs.values()), "repeated": repeated, "start": start,
-            "best": best, "offer": offer, "left_out": left_out + unreached}
+    sigma = noise(configs.values())
+    unconfirmed = [(config.settings, config.rate / best.rate) for config in configs.values()
+                   if len(config.measured) == 1 and config is not best and all(trial.summary for trial in config.trials)
+                   and config.rate > best.rate * (1 + margin(best, config, sigma, settings.min_gain))]
+    return {"trials": trials.done, "noise": sigma, "repeated": repeated, "start": start, "best": best,
+            "offer": offer, "left_out": left_out + unreached, "unconfirmed": unconfirmed}
 
 
 def log_trial(trial: Trial) -> Trial:
