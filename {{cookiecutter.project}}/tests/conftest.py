@@ -256,6 +256,8 @@ BAD_INPUT = {
     "loader.prefetch_factor=0": ["loader.prefetch_factor=0"],
     "optim.lr=-0.1": ["optim.lr=-0.1"],
     "data.val_resize below the crop": ["data.crop_size=64", "data.val_resize=32"],
+    "order=blocks on files": ["format=folder", "order=blocks"],
+    "order.window=0": ["format=lmdb", "order=blocks", "order.window=0"],
 }
   # 120 images: 30 steps per epoch for one process
 
@@ -315,7 +317,7 @@ world = setup(1.0)
 conf, out = sys.argv[1], sys.argv[2]
 with initialize_config_dir(config_dir=conf, version_base="1.3"):
     cfg = compose("train", sys.argv[3:])
-loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
+loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.order, cfg.decoder, cfg.prefetcher, cfg.loader,
                        batch_size=cfg.train.batch_size, seed=cfg.seed, world=world, memory_format=torch.contiguous_format)
 loaders.splits.train.transform = lambda payload: torch.tensor(zlib.crc32(payload))  # which image, not its pixels
 """

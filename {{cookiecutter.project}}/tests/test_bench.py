@@ -17,7 +17,8 @@ def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp
     """Through the command line, so that it must also exit: litdata's loader keeps its workers, which ignore SIGTERM."""
     result = subprocess.run(
         [sys.executable, "-m", f"{PACKAGE}.bench", "data=imagenet", f"data.root={tiny_root}", "data.crop_size=32",
-         "bench.formats=[folder,litdata,tensor]", "bench.num_workers=[0,1]", "bench.batch_size=4",
+         "bench.formats=[folder,litdata,tensor]", "bench.orders=[random,blocks]", "bench.num_workers=[0,1]",
+         "bench.batch_size=4",
          "bench.timed_epochs=1", f"bench.short_side={TENSOR_SHORT_SIDE}", f"bench.pack_dir={tmp_path / 'packs'}",
          f"hydra.run.dir={tmp_path}"], cwd=PROJECT, capture_output=True, text=True, timeout=300,
         env={**os.environ, **QUIET})
@@ -33,8 +34,11 @@ def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp
     decoders = [name for name in options.options("decoder") if name != "none"]  # bench.decoders=all
     for workers in ("0", "1"):
         rows_here = [(row["decoder"], row["format"]) for row in written if row["num_workers"] == workers]
-        assert rows_here[:2] == [("ceiling", "memory"), ("baseline", "folder")] and rows_here[-1] == ("none", "tensor")
-        assert sorted(rows_here[2:-1]) == sorted((name, format) for name in decoders for format in ("folder", "litdata"))
+        assert rows_here[:2] == [("ceiling", "memory"), ("baseline", "folder")]
+        assert rows_here[-2:] == [("none", "tensor")] * 2  # in either order: tensor's records sit end to end
+        assert sorted(rows_here[2:-2]) == sorted((name, format) for name in decoders for format in ("folder", "litdata"))
+    ordered = {(row["format"], row["order"]) for row in written if row["order"]}
+    assert ordered == {("folder", "random"), ("litdata", "random"), ("tensor", "random"), ("tensor", "blocks")}
     for row in written:  # timed where this machine can run it; otherwise a row saying why
         facts = options.facts("decoder", row["decoder"]) if row["decoder"] in decoders else options.Facts()
         timed = not facts.missing() and (CUDA or not facts.gpu or facts.bench_without_gpu)

@@ -3,12 +3,13 @@ import json
 import re
 import sys
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.contracts import Decoder
+from {{ cookiecutter.package }}.contracts import Decoder, Layout, Order, Store
 from {{ cookiecutter.package }}.core.config import (
     FACTS,
     RANGES,
@@ -113,6 +114,24 @@ def check_prefetcher(prefetcher, cfg, tmp_path, option):
     assert images.device.type == labels.device.type == DEVICE.type
 
 
+def check_order(order, cfg, tmp_path, option):
+    """Every image once per epoch whoever reads it, the same order for the same seed, another for another."""
+    reads = order.reads(NoStore(np.arange(50) % 7))
+    assert isinstance(order, Order) and [reads.read(index) for index in (7, 3, 49)] == [(7, 0), (3, 3), (49, 0)]
+    for layout in (Layout(1, 1, 4), Layout(2, 3, 5)):
+        drawn = [order.permutation(50, torch.Generator().manual_seed(seed), layout) for seed in (0, 0, 1)]
+        assert sorted(drawn[0].tolist()) == list(range(50))
+        assert drawn[0].equal(drawn[1]) and not drawn[0].equal(drawn[2])
+
+
+class NoStore(Store):
+    def payload(self, index: int):
+        return index
+
+    def name(self, index: int) -> str:
+        return str(index)
+
+
 def prefetcher_args(tmp_path):
     from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
     from {{ cookiecutter.package }}.data.device import ToDevice
@@ -140,6 +159,7 @@ RUNTIME = {
     "decoder": (lambda tmp_path: {}, check_decoder),
     "staging": (lambda tmp_path: {"world": World(0, 0, 1, torch.device("cpu"))}, check_staging),
     "prefetcher": (prefetcher_args, check_prefetcher),
+    "order": (lambda tmp_path: {}, check_order),
 }
 
 

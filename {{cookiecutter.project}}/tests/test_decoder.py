@@ -167,9 +167,11 @@ def test_decoder_none_is_for_stored_pixels_only():
         return OmegaConf.load(CONF / group / f"{name}.yaml")
 
     with pytest.raises(ConfigError, match="decoder=none is for formats that store decoded pixels"):
-        check_fit(option("format", "folder"), option("staging", "none"), option("decoder", "none"))
+        check_fit(option("format", "folder"), option("staging", "none"), option("decoder", "none"),
+                  option("order", "random"))
     with pytest.raises(ConfigError, match="format=tensor stores decoded pixels, so there is nothing to decode: pass decoder=none"):
-        check_fit(option("format", "tensor"), option("staging", "none"), option("decoder", "pil"))
+        check_fit(option("format", "tensor"), option("staging", "none"), option("decoder", "pil"),
+                  option("order", "random"))
 
 
 def test_reduced_scale_decode_stays_close_to_a_full_decode():

@@ -19,7 +19,7 @@ from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import META, folder
 from {{ cookiecutter.package }}.data.sources import imagenet
 from {{ cookiecutter.package }}.data.staging import no_staging
-from {{ cookiecutter.package }}.tools.pack import pack, shorter_side_to
+from {{ cookiecutter.package }}.tools.pack import pack, shorter_side_to, write_order
 
 from conftest import CONF, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, installed
 
@@ -52,19 +52,32 @@ def test_round_trip_keeps_labels_classes_and_pixels(format, packs, tiny_root):
     assert packed.classes == expected.classes
     for split in ("train", "val"):
         source, store = getattr(expected, split), getattr(packed, split)
+        order = write_order(len(source), split)
         assert len(store) == len(source)
-        assert [store.read(index)[1] for index in range(len(store))] == source.labels.tolist()
-        for index in range(len(source)):
+        assert [store.read(index)[1] for index in range(len(store))] == source.labels[order].tolist()
+        assert split == "val" or source.labels[order].tolist() != source.labels.tolist()  # a mix of classes
+        for record, index in enumerate(order):
             if options.facts("format", format).holds_pixels:  # pixels resized once at pack time, compared with an independent decode
                 reference = np.asarray(Image.open(source.paths[index]).convert("RGB"))
                 height, width = reference.shape[:2]
-                pixels, _ = store.read(index)
+                pixels, _ = store.read(record)
                 assert min(pixels.shape[:2]) == TENSOR_SHORT_SIDE
                 assert abs(pixels.shape[1] / pixels.shape[0] - width / height) < 0.05
                 resized = np.asarray(Image.fromarray(reference).resize(pixels.shape[1::-1], Image.BOX))
                 assert np.abs(pixels.astype(int) - resized).mean() < 6  # heavy texture, 10x smaller
             else:  # the encoded formats keep each file's bytes as they were
-                assert store.read(index)[0] == source.paths[index].read_bytes()
+                assert store.read(record)[0] == source.paths[index].read_bytes()
+
+
+@pytest.mark.parametrize("format", installed("format", options.having("format", "reads_runs")))
+def test_a_run_of_records_read_at_once_is_each_record_as_read_alone(format, packs):
+    store = open_pack(format, packs[format]).train
+    alone = [store.read(index)[0] for index in range(len(store))]
+    for start, stop in ((0, 5), (3, 11), (len(store) - 4, len(store))):
+        together = store.payloads(start, stop)
+        assert len(together) == stop - start
+        assert all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+                   for a, b in zip(together, alone[start:stop]))
 
 
 @pytest.mark.parametrize("format", ["folder", *PACKED])

@@ -41,7 +41,7 @@ def test_staging_is_refused_and_points_to_the_cache(cache_dir, tiny_root, packs)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("train", tiny((*LITDATA, "staging=tmpfs"), cache_dir, tiny_root))
     with pytest.raises(ConfigError, match="staging=tmpfs has nothing to copy: .* format.cache_dir at a tmpfs"):
-        check_fit(cfg.format, cfg.staging, cfg.decoder)
+        check_fit(cfg.format, cfg.staging, cfg.decoder, cfg.order)
 
 
 def test_a_missing_index_is_refused_at_start(packs, tmp_path):
@@ -55,7 +55,7 @@ def test_a_missing_index_is_refused_at_start(packs, tmp_path):
 
 
 def first_val_batch(cfg) -> torch.Tensor:
-    loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
+    loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.order, cfg.decoder, cfg.prefetcher, cfg.loader,
                            batch_size=cfg.train.batch_size, seed=cfg.seed, world=World(0, 0, 1, DEVICE),
                            memory_format=torch.contiguous_format)
     return next(iter(loaders.val))[0]

@@ -54,6 +54,14 @@ def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_
                for line, suggestion in zip(summary["advice"], summary["suggestions"]))
 
 
+def test_a_run_in_blocks_trains_every_step_and_keeps_the_layout_its_epoch_was_drawn_for(train_in_process):
+    summary = train_in_process("format=hdf5", "order=blocks", "order.block=4", "order.window=2",
+                               "loader.num_workers=2")
+    assert summary["steps"] == 6 and summary["skipped_files"] == 0
+    saved = torch.load(train_in_process.run_dir / "last.pt", weights_only=False)
+    assert saved["loader"] == {"layout": {"processes": 1, "workers": 2, "batch_size": 4}}
+
+
 @pytest.mark.parametrize("overrides", BAD_INPUT.values(), ids=BAD_INPUT.keys())
 def test_bad_input_is_refused_in_one_line_before_anything_is_written(overrides, train_in_process):
     with pytest.raises(BaseException) as raised:

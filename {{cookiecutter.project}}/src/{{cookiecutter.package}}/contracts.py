@@ -9,6 +9,7 @@ loader assembly, the loop, the report, the tools) sees only the contracts below,
 | `format`     | `Store`, two of them in `Stores` | data/format/<option>.py                   |
 | `decoder`    | `Decoder`                        | data/decoder/<option>.py                  |
 | `staging`    | `Staging`                        | data/staging.py                           |
+| `order`      | `Order`                          | data/order.py                             |
 | `prefetcher` | `Prefetcher`                     | data/prefetcher.py                        |
 | `logger`     | `Logger`                         | loop/logger.py                            |
 | `profiler`   | `Profiler`                       | loop/profiler.py                          |
@@ -60,10 +61,13 @@ class Store(ABC):
 
     def read(self, index: int) -> tuple[Any, int]:
         """(payload, label) of one image."""
+        self.ensure_open()
+        return self.payload(index), int(self.labels[index])
+
+    def ensure_open(self) -> None:
         if self._pid != os.getpid():
             self.open()
             self._pid = os.getpid()
-        return self.payload(index), int(self.labels[index])
 
     def open(self) -> None:
         """Open the file in the calling process; a store of separate files has nothing to open."""
@@ -71,6 +75,10 @@ class Store(ABC):
     @abstractmethod
     def payload(self, index: int) -> Any:
         """The stored bytes or pixels of one image."""
+
+    def payloads(self, start: int, stop: int) -> list[Any]:
+        """The payloads of images start..stop-1, in one request where the format's facts say `reads_runs`."""
+        return [self.payload(index) for index in range(start, stop)]
 
     @abstractmethod
     def name(self, index: int) -> str:
@@ -94,6 +102,27 @@ class Stores:
     val: Store
     classes: list[str]
     train_loader: Callable[..., "ResumableLoader"] | None = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Who reads an epoch: the processes, each one's loader workers (1 for none) and the images per batch."""
+    processes: int
+    workers: int
+    batch_size: int
+
+
+class Order(ABC):
+    """In which order an epoch visits the training images, and what the workers read them from."""
+
+    @abstractmethod
+    def permutation(self, size: int, generator: torch.Generator, layout: Layout) -> torch.Tensor:
+        """One epoch's order, a permutation of range(size) drawn from `generator`. Process r trains on every
+        processes-th image of it from r, and its worker w makes every workers-th batch of that share from w."""
+
+    def reads(self, store: Store) -> Store:
+        """What the workers read from: `store`, or a view of it that reads this order's runs at once."""
+        return store
 
 
 class Decoder(ABC):

@@ -13,7 +13,9 @@ and what it can do, which generic code asks instead of naming it (absent: false)
       packed: true             # a format read from what `pack` wrote
       packed_for_storage: true # ... whose long reads suit slow storage
       holds_pixels: true       # ... which holds decoded pixels
+      reads_runs: true         # ... whose records sit end to end: a run of them is one request
       copies_to_ram: true      # a staging that copies the data into RAM
+      in_runs: true            # an order that reads runs of consecutive records at once (formats that reads_runs)
       overlaps_copy: true      # a prefetcher that copies the next batch while the step computes
       ceiling: true            # ... that replays one batch: the compute ceiling, not a way to train
       streams: into its cache  # a format that streams its data itself (how, in words): nothing to stage
@@ -49,7 +51,9 @@ class Facts:
     packed: bool = False
     packed_for_storage: bool = False
     holds_pixels: bool = False
+    reads_runs: bool = False
     copies_to_ram: bool = False
+    in_runs: bool = False
     overlaps_copy: bool = False
     ceiling: bool = False
     streams: str | None = None

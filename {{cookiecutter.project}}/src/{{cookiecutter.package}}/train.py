@@ -46,7 +46,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World) -> Run:
     """Build data, model and helpers; everything that can refuse the config does so before any file is written."""
     device = world.device
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-    loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.decoder, cfg.prefetcher, cfg.loader,
+    loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.order, cfg.decoder, cfg.prefetcher, cfg.loader,
                            batch_size=cfg.train.batch_size, seed=cfg.seed, world=world, memory_format=memory_format,
                            worker_error_at=cfg.faults.worker_error_at, read_delay_ms=cfg.faults.read_delay_ms)
     hardware = probe(device)

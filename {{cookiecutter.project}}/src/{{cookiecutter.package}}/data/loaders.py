@@ -1,11 +1,11 @@
-"""Assembling the loaders: the data, format, staging, decoder and prefetcher options, each built from its own
-node, into training and validation batches that reach the step as normalised float images on the device.
+"""Assembling the loaders: the data, format, staging, order, decoder and prefetcher options, each built from
+its own node, into training and validation batches that reach the step as normalised float images on the device.
 
 The loop sees `Loaders` and nothing of which options were picked.
 """
 import random
 import signal
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -13,12 +13,13 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
 from .. import options
-from ..contracts import Prefetcher, ResumableLoader, Stores
+from ..contracts import Layout, Order, Prefetcher, ResumableLoader, Stores
 from ..core.config import RANGES, ConfigError, build
 from ..core.distributed import World
 from ..core.faults import FaultyReads
 from .device import ToDevice
 from .images import Images, Splits, make_splits
+from .order import RandomOrder
 from .sampling import EpochSampler, Shard
 from .workers import pick_num_workers
 
@@ -55,7 +56,7 @@ def seed_worker(worker_id: int) -> None:
 
 class SampledLoader(DataLoader):
     """A DataLoader over our samplers, a `ResumableLoader` (contracts.py). Where an epoch stands is all a resumed
-    run needs, since augmentation is seeded per image: its state is empty."""
+    run needs, since augmentation is seeded per image, and the layout of readers the epoch's order was drawn for."""
 
     def set_epoch(self, epoch: int, skip_images: int = 0) -> None:
         """Shuffle for `epoch`, leaving out the first `skip_images` images all processes trained on; the
@@ -63,22 +64,23 @@ class SampledLoader(DataLoader):
         self.sampler.set_epoch(epoch, skip_images)
 
     def state(self, epoch: int, images_done: int) -> dict:
-        return {}
+        return {"layout": asdict(self.sampler.epoch_layout)}
 
     def load_state(self, state: dict) -> None:
-        """Nothing to restore beyond the epoch and the images trained that set_epoch is given."""
+        if "layout" in state:
+            self.sampler.resume_layout(Layout(**state["layout"]))
 
 
 def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: int, world: World,
                 num_workers: int, prefetch_factor: int, pin_memory: bool, persistent_workers: bool,
-                collate=None) -> SampledLoader:
+                collate=None, order: Order = RandomOrder()) -> SampledLoader:
     """Training batches are shuffled and full, a different share per process; validation covers each image once.
 
     The training sampler (a DistributedSampler) serves a single process too (one replica needs no process
     group); its order depends only on seed and epoch, so a resumed run sees the order the uninterrupted
-    one would have, from the batch where it stopped.
+    one would have, from the batch where it stopped. `order` draws that order (validation's is the stored one).
     """
-    sampler = (EpochSampler(dataset, world.size, world.rank, seed=seed)
+    sampler = (EpochSampler(dataset, world.size, world.rank, seed, order, num_workers, batch_size)
                if train else Shard(dataset, world))
     return SampledLoader(
         dataset, batch_size=batch_size, sampler=sampler, drop_last=train, num_workers=num_workers,
@@ -91,22 +93,24 @@ def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: i
 
 
 def training_loader(stores: Stores, images: Images, batch_size: int, seed: int, world: World, collate,
-                    **settings) -> ResumableLoader:
-    """Ours, or the format's own where it shards and shuffles the stream itself."""
+                    order: Order = RandomOrder(), **settings) -> ResumableLoader:
+    """Ours, in `order`, or the format's own where it shards and shuffles the stream itself."""
     if stores.train_loader is None:
-        return make_loader(images, batch_size, True, seed, world, collate=collate, **settings)
+        return make_loader(images, batch_size, True, seed, world, collate=collate, order=order, **settings)
     return stores.train_loader(images, batch_size=batch_size, seed=seed, collate=collate, worker_init_fn=seed_worker,
                                **{**settings, "pin_memory": settings["pin_memory"] and world.device.type == "cuda"})
 
 
-def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, decoder: DictConfig,
+def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, order: DictConfig, decoder: DictConfig,
                  prefetcher: DictConfig, loader: DictConfig, *, batch_size: int, seed: int, world: World,
                  memory_format: torch.memory_format, worker_error_at: int = -1, read_delay_ms: float = 0.0) -> Loaders:
     """Build each option from its node and put them together; the last two are faults.worker_error_at and
     faults.read_delay_ms. Options that cannot work together are refused first, from what their facts say."""
-    check_fit(format, staging, decoder)
+    check_fit(format, staging, decoder, order)
     source = build(data)
     stores = build(format, source=source, stage=build(staging, world=world))
+    visiting = build(order)
+    stores = replace(stores, train=visiting.reads(stores.train))
     chosen = build(decoder)
     chosen.check_device(world.device)
     splits = make_splits(source, stores, chosen, seed)
@@ -116,20 +120,25 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, deco
     non_blocking = settings.pop("non_blocking")
     settings["num_workers"] = pick_num_workers(
         settings["num_workers"], splits.train, batch_size, f"{decoder._target_}|crop {source.crop_size}",
-        lambda count: training_loader(stores, splits.train, batch_size, seed, world, chosen.collate,
+        lambda count: training_loader(stores, splits.train, batch_size, seed, world, chosen.collate, visiting,
                                       **{**settings, "num_workers": count, "persistent_workers": False}))
     to_device = ToDevice(chosen, world.device, non_blocking, memory_format)
-    train = training_loader(stores, splits.train, batch_size, seed, world, chosen.collate, **settings)
+    train = training_loader(stores, splits.train, batch_size, seed, world, chosen.collate, visiting, **settings)
     val = make_loader(splits.val, batch_size, False, seed, world, collate=chosen.collate, **settings)
     train, val = (build(prefetcher, to_device=to_device, loader=loader) for loader in (train, val))
     return Loaders(train, val, settings["num_workers"], splits)
 
 
-def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig) -> None:
-    """Refuse, in one line, a decoder that does not fit what the format stores, and a staging with nothing to copy."""
+def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, order: DictConfig) -> None:
+    """Refuse, in one line, a decoder that does not fit what the format stores, a staging with nothing to copy
+    and an order that reads runs of records from a format that cannot."""
     stored, decoding = options.facts_of(format), options.facts_of(decoder)
     picked = {group: f"{group}={options.name_of(group, node)}"
-              for group, node in (("format", format), ("staging", staging), ("decoder", decoder))}
+              for group, node in (("format", format), ("staging", staging), ("decoder", decoder), ("order", order))}
+    if options.facts_of(order).in_runs and not stored.reads_runs:
+        raise ConfigError(f"{picked['order']} reads runs of consecutive records at once, which {picked['format']} "
+                          f"cannot: pick {' or '.join('format=' + name for name in options.having('format', 'reads_runs'))}"
+                          f" (written by pack), or order={options.default('order')}")
     if stored.holds_pixels and not decoding.takes_pixels:
         raise ConfigError(f"{picked['format']} stores decoded pixels, so there is nothing to decode: pass "
                           f"decoder={options.having('decoder', 'takes_pixels')[0]}")

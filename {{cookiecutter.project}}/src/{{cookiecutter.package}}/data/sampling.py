@@ -2,7 +2,9 @@
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from ..contracts import Layout, Order
 from ..core.distributed import World
+from .order import RandomOrder
 
 
 class EpochSampler(DistributedSampler):
@@ -11,21 +13,33 @@ class EpochSampler(DistributedSampler):
     An epoch is one permutation of the data set whatever the number of processes, and rank r takes every
     world-th index of it from r, so what all processes together have trained on is always a prefix of it. A
     resumed run leaves out that prefix and strides over the rest with its own number of processes. The few
-    images left over that do not divide among the processes sit out the epoch, as with drop_last.
+    images left over that do not divide among the processes sit out the epoch, as with drop_last. The
+    permutation is the order option's (data/order.py), told the layout of the processes and workers reading it.
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, order: Order = RandomOrder(),
+                 workers: int = 0, batch_size: int = 1):
+        super().__init__(dataset, num_replicas, rank, seed=seed)
+        self.order, self.layout = order, Layout(num_replicas, max(1, workers), batch_size)
+        self.epoch_layout, self.resumed_layout = self.layout, None
         self.skip = 0
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        """Shuffle for `epoch`, leaving out its first `skip` images (those all processes trained on)."""
+        """Shuffle for `epoch`, leaving out its first `skip` images (those all processes trained on). A resumed
+        epoch is drawn for the layout it began with (`resume_layout`): an order laid out for the readers draws
+        another permutation for others, and only the same one leaves out what was trained."""
         super().set_epoch(epoch)
         self.skip = skip
+        self.epoch_layout, self.resumed_layout = self.resumed_layout or self.layout, None
+
+    def resume_layout(self, layout: Layout) -> None:
+        """The layout the epoch about to be resumed began with."""
+        self.resumed_layout = layout
 
     def __iter__(self):
         """(index, epoch) pairs: the data set seeds each image's augmentation from them."""
-        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        order = self.order.permutation(len(self.dataset), torch.Generator().manual_seed(self.seed + self.epoch),
+                                       self.epoch_layout)
         rest = order[self.skip:].tolist()
         return iter([(index, self.epoch) for index in rest[self.rank:len(self) * self.num_replicas:self.num_replicas]])
 

@@ -4,6 +4,7 @@ import logging
 import multiprocessing
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -12,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from .. import options
-from ..contracts import Decoder, Stores
+from ..contracts import Decoder, Order, Stores
 from ..core.config import ConfigError, build, optional_import
 from ..core.distributed import World
 from ..core.files import bytes_in
@@ -28,8 +29,8 @@ from .storage_probe import storage_rows
 log = logging.getLogger(__name__)
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
-COLUMNS = ("decoder", "format", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling", "unreadable", "page_cache",
-           "read_mb_s", "sequential_mb_s", "first_batch_s", "limit", "note")
+COLUMNS = ("decoder", "format", "order", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling", "unreadable",
+           "page_cache", "read_mb_s", "sequential_mb_s", "first_batch_s", "limit", "note")
 
 
 def time_epochs(loader, epochs: int, upload=lambda batch: None, device: torch.device = ALONE.device) -> float:
@@ -157,11 +158,24 @@ def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> 
     return build(node, source=source, stage=no_staging)
 
 
+def orders_for(format: str, names: list[str]) -> dict[str, Order]:
+    """The orders of `names` that `format` can be read in: one reading runs of records needs a format that can."""
+    runs = options.facts("format", format).reads_runs
+    return {name: build(OmegaConf.load(options.CONF / "order" / f"{name}.yaml")) for name in names
+            if runs or not options.facts("order", name).in_runs}
+
+
+def read_from(row: dict) -> str:
+    """The row's format, and its order where that is not the default."""
+    order = row.get("order", options.default("order"))
+    return row["format"] if order == options.default("order") else f"{row['format']}/{order}"
+
+
 def chart(rows: list[dict], path: Path) -> None:
     pyplot = optional_import("matplotlib.pyplot", "bench")
     rows = [row for row in rows if row["images_per_s"]]  # not the decoders this machine could not run
     figure, axes = pyplot.subplots(figsize=(max(6, len(rows) * 0.9), 4))
-    labels = [f"{row['decoder']}\n{row['format']}\nw={row['num_workers']}" for row in rows]
+    labels = [f"{row['decoder']}\n{read_from(row)}\nw={row['num_workers']}" for row in rows]
     colours = {"storage": "tab:orange"}  # the storage probe's reads beside the loaders and references
     axes.bar(labels, [row["images_per_s"] for row in rows],
              color=[colours.get(row["decoder"], "grey" if row.get("reference") else "tab:blue") for row in rows])
@@ -204,17 +218,20 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
         for format in settings.formats:
             stores = stores_for(format, source, Path(settings.pack_dir).expanduser(), settings.short_side)
             holds_pixels = options.facts("format", format).holds_pixels
-            for name, decoder in (pixels if holds_pixels else runnable).items():
-                splits = make_splits(source, stores, decoder)
-                loader = training_loader(stores, splits.train, settings.batch_size, 0, ALONE, splits.decoder.collate,
-                                         num_workers=workers, prefetch_factor=2, pin_memory=False,
-                                         persistent_workers=True)
-                rate = time_epochs(loader, settings.timed_epochs,
-                                   lambda batch: splits.decoder.upload(batch[0], device, True), device)
-                rows.append({"decoder": name, "format": format, "num_workers": workers, "images_per_s": rate,
-                             "unreadable": int(splits.train.bad_flags().sum()),
-                             "note": "pre-decoded pixels" if holds_pixels else ""})
-                log.info("%s / %s / %d workers: %.0f images/s", name, format, workers, rate)
+            for order_name, order in orders_for(format, settings.orders).items():
+                ordered = replace(stores, train=order.reads(stores.train))
+                for name, decoder in (pixels if holds_pixels else runnable).items():
+                    splits = make_splits(source, ordered, decoder)
+                    loader = training_loader(ordered, splits.train, settings.batch_size, 0, ALONE,
+                                             splits.decoder.collate, order, num_workers=workers, prefetch_factor=2,
+                                             pin_memory=False, persistent_workers=True)
+                    rate = time_epochs(loader, settings.timed_epochs,
+                                       lambda batch: splits.decoder.upload(batch[0], device, True), device)
+                    rows.append({"decoder": name, "format": format, "order": order_name, "num_workers": workers,
+                                 "images_per_s": rate, "unreadable": int(splits.train.bad_flags().sum()),
+                                 "note": "pre-decoded pixels" if holds_pixels else ""})
+                    log.info("%s / %s / order=%s / %d workers: %.0f images/s", name, format, order_name, workers,
+                             rate)
             if not holds_pixels:
                 rows += [{"decoder": name, "format": format, "num_workers": workers, "images_per_s": 0.0,
                           "unreadable": "", "note": f"not run: {reason}"} for name, reason in unable.items()]
@@ -242,9 +259,9 @@ def table(rows: list[dict]) -> str:
     def ratio(value, width: int) -> str:
         return f"{value:>{width}.2f}" if isinstance(value, float) else f"{'':>{width}}"
 
-    lines = [f"{'decoder':<12}{'format':<8}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}"
+    lines = [f"{'decoder':<12}{'format':<14}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}"
              f"{'unreadable':>11}  note"]
-    lines += [f"{row['decoder']:<12}{row['format']:<8}{row['num_workers']:>8}{row['images_per_s']:>10.0f}"
+    lines += [f"{row['decoder']:<12}{read_from(row):<14}{row['num_workers']:>8}{row['images_per_s']:>10.0f}"
               f"{ratio(row.get('vs_baseline'), 11)}{ratio(row.get('vs_ceiling'), 10)}{row['unreadable']!s:>11}  "
               f"{row['note']}" for row in rows]
     return "\n".join(lines)

@@ -71,6 +71,15 @@ class Convert:
         return buffer.getvalue()
 
 
+WRITE_SEED = 0  # one fixed order: packing the same tree twice writes the same file
+
+
+def write_order(images: int, split: str) -> np.ndarray:
+    """The order a split's images are written in: the training split's shuffled, so that any run of consecutive
+    records is a random mix of the classes (order=blocks reads such runs); validation's as the tree lists it."""
+    return np.random.default_rng(WRITE_SEED).permutation(images) if split == "train" else np.arange(images)
+
+
 SAMPLE = 32  # images converted up front to estimate the pack's size
 MARGIN = 1.25  # the estimate times this must fit in the free space: file-format overhead, and the sample's error
 
@@ -210,11 +219,12 @@ def _write_split(write, file: Path, store, convert: Convert, workers: int, on_er
     """The child's side of write_split: convert with `workers` processes, write, send the outcome, and leave
     without running any finalizer (a native library's, after a failed write, is what crashes)."""
     kept, skipped = 0, []
+    order = write_order(len(store), split)
 
     def records(payloads):
         nonlocal kept
-        for index, payload in enumerate(tqdm(payloads, total=len(store), desc=f"pack {split}", unit="img",
-                                             mininterval=2)):
+        for index, payload in zip(order, tqdm(payloads, total=len(store), desc=f"pack {split}", unit="img",
+                                              mininterval=2)):
             if isinstance(payload, Exception):
                 if on_error == "raise":
                     raise ConfigError(f"unreadable image {store.paths[index]}: {payload}")
@@ -226,7 +236,7 @@ def _write_split(write, file: Path, store, convert: Convert, workers: int, on_er
 
     # A DataLoader rather than a multiprocessing.Pool: when the write fails, its workers can be killed
     # outright, where Pool.terminate() can wait forever for a result a worker was half-way through sending.
-    converted = DataLoader(Converted(store.paths, convert), batch_size=None, num_workers=workers,
+    converted = DataLoader(Converted([store.paths[index] for index in order], convert), batch_size=None, num_workers=workers,
                            collate_fn=as_is, prefetch_factor=8 if workers else None)
     try:
         write(file, records(converted))

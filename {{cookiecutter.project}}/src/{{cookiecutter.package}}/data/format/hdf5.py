@@ -30,6 +30,12 @@ class Hdf5Images(Packed):
     def payload(self, index: int) -> bytes:
         return self._bytes[self.offsets[index]:self.offsets[index + 1]].tobytes()
 
+    def payloads(self, start: int, stop: int) -> list[bytes]:
+        first = self.offsets[start]
+        run = self._bytes[first:self.offsets[stop]]  # the whole run, one read
+        return [run[begin - first:end - first].tobytes()
+                for begin, end in zip(self.offsets[start:stop], self.offsets[start + 1:stop + 1])]
+
 
 def write(path: Path, records) -> None:
     """Append (bytes, label) records to a new file."""

@@ -1,4 +1,5 @@
 """`format=lmdb`: encoded bytes in an LMDB key-value file, memory-mapped and read without locks."""
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,13 @@ class LmdbImages(Packed):
 
     def payload(self, index: int) -> bytes:
         return self._txn.get(_key(index))
+
+    def payloads(self, start: int, stop: int) -> list[bytes]:
+        """Walked with a cursor in key order: the records lie on consecutive pages, which readahead reads in long
+        requests."""
+        with self._txn.cursor() as cursor:
+            cursor.set_key(_key(start))
+            return [value for _, value in itertools.islice(cursor, stop - start)]
 
 
 def write(path: Path, records) -> None:

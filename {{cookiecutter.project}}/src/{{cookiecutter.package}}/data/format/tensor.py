@@ -39,6 +39,13 @@ class TensorImages(Packed):
         offset, height, width = self.index[index]
         return self._pixels[offset:offset + height * width * 3].reshape(height, width, 3)
 
+    def payloads(self, start: int, stop: int) -> list[np.ndarray]:
+        offsets, heights, widths = self.index[start:stop].T
+        first, last = offsets[0], offsets[-1] + heights[-1] * widths[-1] * 3
+        run = np.array(self._pixels[first:last])  # the whole run, one read
+        return [run[offset - first:offset - first + height * width * 3].reshape(height, width, 3)
+                for offset, height, width in zip(offsets, heights, widths)]
+
 
 def write(path: Path, records) -> None:
     """Stream (HWC uint8 array, label) records into `path`, then write the index beside it."""
