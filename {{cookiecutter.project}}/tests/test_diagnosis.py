@@ -173,6 +173,12 @@ def test_workers_waiting_on_reads_get_the_storage_verdict_and_storage_advice(mac
     assert len(storage) == 3 and all("31.0 ms a read" in suggestion.fact for suggestion in storage)
     more = diagnose(window(0.35), ON_SLOW_STORAGE, hardware, settings(num_workers=2 * hardware.cores))
     assert f"loader.num_workers={4 * hardware.cores}" in switches(more)
+    assert not {suggestion.key for suggestion in diagnosis.suggestions} & {"order"}  # files are not read in runs
+    packed = settings(num_workers=2, choices={"format": "lmdb", "order": "random"})
+    in_runs = options.having("order", "in_runs")
+    assert {f"order={option}" for option in in_runs} <= switches(diagnose(window(0.35), ON_SLOW_STORAGE, hardware, packed))
+    read_in_runs = settings(num_workers=2, choices={"format": "lmdb", "order": in_runs[0]})
+    assert "order" not in {s.key for s in diagnose(window(0.35), ON_SLOW_STORAGE, hardware, read_in_runs).suggestions}
 
 
 @pytest.mark.parametrize("machine", ["avx2", "sm90"])

@@ -37,11 +37,14 @@ def loader_cause(system: dict[str, float]) -> str:
 
 
 def storage_side(system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
-    """Read less often and in bigger pieces, keep more reads in flight, or read from RAM."""
+    """Read from RAM, read in bigger pieces, keep more reads in flight, or read less often."""
     fact, found = reading_fact(system), []
     if not settings.picked("staging").copies_to_ram:
         found += [Suggestion("staging", option, "Copy the data into RAM once, if it fits", fact, "data")
                   for option in options.having("staging", "copies_to_ram")]
+    if settings.picked("format").reads_runs and not settings.picked("order").in_runs:
+        found += [Suggestion("order", option, "Read big and shuffle in memory: runs of consecutive records, one "
+                             "request each", fact, "data") for option in options.having("order", "in_runs")]
     more = next((factor * hardware.cores for factor in READERS_PER_CORE
                  if settings.num_workers < factor * hardware.cores), None)
     if more:  # after RAM, which takes the reads away; more readers only queue more of them
