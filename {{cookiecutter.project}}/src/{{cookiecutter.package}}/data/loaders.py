@@ -19,7 +19,7 @@ from ..core.distributed import World
 from ..core.faults import FaultyReads
 from .device import ToDevice
 from .images import Images, Splits, make_splits
-from .order import RandomOrder
+from .order import FULL_SHUFFLE
 from .sampling import EpochSampler, Shard
 from .workers import pick_num_workers
 
@@ -73,7 +73,7 @@ class SampledLoader(DataLoader):
 
 def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: int, world: World,
                 num_workers: int, prefetch_factor: int, pin_memory: bool, persistent_workers: bool,
-                collate=None, order: Order = RandomOrder()) -> SampledLoader:
+                collate=None, order: Order = FULL_SHUFFLE) -> SampledLoader:
     """Training batches are shuffled and full, a different share per process; validation covers each image once.
 
     The training sampler (a DistributedSampler) serves a single process too (one replica needs no process
@@ -93,7 +93,7 @@ def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: i
 
 
 def training_loader(stores: Stores, images: Images, batch_size: int, seed: int, world: World, collate,
-                    order: Order = RandomOrder(), **settings) -> ResumableLoader:
+                    order: Order = FULL_SHUFFLE, **settings) -> ResumableLoader:
     """Ours, in `order`, or the format's own where it shards and shuffles the stream itself."""
     if stores.train_loader is None:
         return make_loader(images, batch_size, True, seed, world, collate=collate, order=order, **settings)

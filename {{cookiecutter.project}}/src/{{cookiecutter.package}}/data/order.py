@@ -23,6 +23,9 @@ class RandomOrder(Order):
         return torch.randperm(size, generator=generator)
 
 
+FULL_SHUFFLE = RandomOrder()  # the default wherever an order is not asked for: validation, tools, tests
+
+
 @dataclass
 class BlockOrder(Order):
     block: int  # consecutive records read in one request

@@ -4,7 +4,7 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from ..contracts import Layout, Order
 from ..core.distributed import World
-from .order import RandomOrder
+from .order import FULL_SHUFFLE
 
 
 class EpochSampler(DistributedSampler):
@@ -17,7 +17,7 @@ class EpochSampler(DistributedSampler):
     permutation is the order option's (data/order.py), told the layout of the processes and workers reading it.
     """
 
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, order: Order = RandomOrder(),
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, order: Order = FULL_SHUFFLE,
                  workers: int = 0, batch_size: int = 1):
         super().__init__(dataset, num_replicas, rank, seed=seed)
         self.order, self.layout = order, Layout(num_replicas, max(1, workers), batch_size)
