@@ -87,6 +87,8 @@ def test_a_worker_reads_each_block_of_its_window_once_in_one_request():
     order = [5, 0, 6, 1, 4, 3, 7, 2, 9, 8]  # blocks 1 and 0 shuffled together, then block 2 (the short one)
     assert [blocks.read(index) for index in order] == [(f"image {index}", index) for index in order]
     assert store.runs == [(4, 8), (0, 4), (8, 10)] and store.singles == 0
+    blocks.read(2)  # the next epoch: block 0 was read whole, so it is read again, not kept from before
+    assert store.runs[-1] == (0, 4)
 
 
 def distinct_classes_per_batch(labels: np.ndarray, order, batch_size: int = 64) -> float:

@@ -59,8 +59,9 @@ def interleave(streams: list[torch.Tensor], step: int) -> torch.Tensor:
 
 class BlockReads(Store):
     """A store read a block at a time: the first image asked of a block reads all of it in one request
-    (`Store.payloads`), and the worker keeps the last `window` blocks, those its current window cuts batches
-    from."""
+    (`Store.payloads`). The worker keeps a block until each of its images has been asked for, which under this
+    order's layout happens within its window, and never more than `window` blocks: nothing read in one epoch
+    serves the next, as nothing would from a data set larger than the memory."""
 
     def __init__(self, store: Store, block: int, window: int):
         super().__init__(store.labels)
@@ -68,15 +69,20 @@ class BlockReads(Store):
 
     def open(self) -> None:
         self.store.ensure_open()
-        self._blocks: dict[int, list[Any]] = {}
+        self._blocks: dict[int, tuple[list[Any], set[int]]] = {}  # number -> (payloads, positions not yet asked)
 
     def payload(self, index: int) -> Any:
         number, start = index // self.block, index - index % self.block
         if number not in self._blocks:
             if len(self._blocks) >= self.window:
                 del self._blocks[next(iter(self._blocks))]  # the oldest: a dict keeps its insertion order
-            self._blocks[number] = self.store.payloads(start, min(start + self.block, len(self.store)))
-        return self._blocks[number][index - start]
+            payloads = self.store.payloads(start, min(start + self.block, len(self.store)))
+            self._blocks[number] = payloads, set(range(len(payloads)))
+        payloads, waiting = self._blocks[number]
+        waiting.discard(index - start)
+        if not waiting:
+            del self._blocks[number]
+        return payloads[index - start]
 
     def name(self, index: int) -> str:
         return self.store.name(index)
