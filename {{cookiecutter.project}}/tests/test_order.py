@@ -6,6 +6,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from {{ cookiecutter.package }}.contracts import Layout, Store
+from {{ cookiecutter.package }}.data.images import Images
 from {{ cookiecutter.package }}.data.order import BlockOrder, BlockReads, RandomOrder
 from {{ cookiecutter.package }}.data.sampling import EpochSampler
 from {{ cookiecutter.package }}.tools.pack import write_order
@@ -89,6 +90,15 @@ def test_a_worker_reads_each_block_of_its_window_once_in_one_request():
     assert store.runs == [(4, 8), (0, 4), (8, 10)] and store.singles == 0
     blocks.read(2)  # the next epoch: block 0 was read whole, so it is read again, not kept from before
     assert store.runs[-1] == (0, 4)
+
+
+def test_a_block_left_part_read_at_the_end_of_an_epoch_does_not_serve_the_next():
+    """drop_last leaves some images of an epoch unasked: their block must not outlive the epoch in the worker."""
+    store = Counted(8)
+    images = Images(BlockReads(store, block=4, window=2), transform=lambda payload: payload, on_error="skip")
+    assert images[(1, 0)] == ("image 1", 1) and images[(2, 0)] == ("image 2", 2)  # 0 and 3 dropped
+    assert images[(3, 1)] == ("image 3", 3)
+    assert store.runs == [(0, 4), (0, 4)]
 
 
 def distinct_classes_per_batch(labels: np.ndarray, order, batch_size: int = 64) -> float:

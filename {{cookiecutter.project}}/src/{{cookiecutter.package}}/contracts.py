@@ -76,6 +76,9 @@ class Store(ABC):
     def payload(self, index: int) -> Any:
         """The stored bytes or pixels of one image."""
 
+    def new_epoch(self) -> None:
+        """An epoch begins in this process: forget whatever reads of the last one kept for later reads."""
+
     def payloads(self, start: int, stop: int) -> list[Any]:
         """The payloads of images start..stop-1, in one request where the format's facts say `reads_runs`."""
         return [self.payload(index) for index in range(start, stop)]

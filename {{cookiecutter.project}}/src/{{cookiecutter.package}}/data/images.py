@@ -84,6 +84,7 @@ class Images(Dataset):
         self.bad_count = multiprocessing.Value("q", 0)
         self.shared_count = 0  # the flags all processes held at the last share_unreadable
         self.times = ReadTimes()
+        self._epoch = None  # the last epoch this process read an image of
 
     def __len__(self) -> int:
         return len(self.store)
@@ -100,6 +101,9 @@ class Images(Dataset):
         index, epoch = key if isinstance(key, tuple) else (key, None)
         if epoch is not None:
             random.seed(hash((self.seed, epoch, index)))  # ints and tuples of them hash the same in every process
+            if epoch != self._epoch:  # this process's copy: each worker's first image of an epoch
+                self.store.new_epoch()
+                self._epoch = epoch
         for position in (index + offset for offset in range(min(REPLACEMENTS, len(self.store)))):
             position %= len(self.store)
             try:

@@ -60,8 +60,9 @@ def interleave(streams: list[torch.Tensor], step: int) -> torch.Tensor:
 class BlockReads(Store):
     """A store read a block at a time: the first image asked of a block reads all of it in one request
     (`Store.payloads`). The worker keeps a block until each of its images has been asked for, which under this
-    order's layout happens within its window, and never more than `window` blocks: nothing read in one epoch
-    serves the next, as nothing would from a data set larger than the memory."""
+    order's layout happens within its window, never more than `window` blocks, and nothing from one epoch in the
+    next (the images a drop_last leaves out are never asked): nothing read in one epoch serves the next, as
+    nothing would from a data set larger than the memory."""
 
     def __init__(self, store: Store, block: int, window: int):
         super().__init__(store.labels)
@@ -69,6 +70,9 @@ class BlockReads(Store):
 
     def open(self) -> None:
         self.store.ensure_open()
+        self.new_epoch()
+
+    def new_epoch(self) -> None:
         self._blocks: dict[int, tuple[list[Any], set[int]]] = {}  # number -> (payloads, positions not yet asked)
 
     def payload(self, index: int) -> Any:
