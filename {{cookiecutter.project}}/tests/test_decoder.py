@@ -146,6 +146,25 @@ def test_a_missing_package_is_refused_with_its_install_command(name, monkeypatch
         build(compose_decoder(name))
 
 
+@pytest.mark.parametrize("name", [name for name in DECODERS if "." in (options.facts("decoder", name).module or "")])
+def test_a_package_missing_inside_an_installed_namespace_is_missing(name, tmp_path, monkeypatch):
+    """CUDA torch installs an `nvidia` namespace (cu13, cudnn, nccl) whether or not DALI is there."""
+    facts = options.facts("decoder", name)
+    parent = facts.module.split(".")[0]
+    (tmp_path / parent).mkdir()
+    (tmp_path / parent / "__init__.py").write_text("")  # found first on the path: the only `nvidia` there is
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = [module for module in sys.modules if module == parent or module.startswith(parent + ".")]
+    for module in real:
+        monkeypatch.delitem(sys.modules, module)  # put back after the test
+    try:
+        assert facts.missing() == f"{facts.module} is not installed: pip install -e '.[{facts.extra}]'"
+        with pytest.raises(ConfigError, match=rf"{facts.module} is not installed"):
+            build(compose_decoder(name))
+    finally:
+        sys.modules.pop(parent, None)  # the fake, imported by the lookup
+
+
 def test_opencv_keeps_to_one_thread_in_every_decoder_process():
     assert cv2.getNumThreads() == 1  # set when the decoder package is imported, by any process
 

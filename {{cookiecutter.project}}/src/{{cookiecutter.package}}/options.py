@@ -67,13 +67,22 @@ class Facts:
 
     def missing(self) -> str | None:
         """Why this option cannot be built here for want of its package, or None."""
-        if self.module and importlib.util.find_spec(self.module.split(".")[0]) is None:
+        if self.module and not importable(self.module):
             return f"{self.module} is not installed: {self.install}"
         return None
 
     def overrides_without_gpu(self, group: str) -> list[str]:
         return [f"{group}.{key}={str(value).lower() if isinstance(value, bool) else value}"
                 for key, value in self.without_gpu.items()]
+
+
+def importable(module: str) -> bool:
+    """Whether `module`, dotted or not, is installed. The whole name is looked up: CUDA wheels (torch's among them)
+    install into an `nvidia` namespace package, which says nothing about whether nvidia.dali is there."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        return False
 
 
 def options(group: str) -> list[str]:
