@@ -117,6 +117,7 @@ ODD_FILES = {
     "exif_rotated": exif_rotated(500, 375),
     "large": encoded(photo(4000, 3000)),
     "tiny": encoded(photo(16, 16)),
+    "trailer": encoded(photo(500, 375)) + b"ftypmp42" + bytes(range(256)) * 40,  # a motion photo's video after EOI
 }
 
 

@@ -165,6 +165,17 @@ def test_a_package_missing_inside_an_installed_namespace_is_missing(name, tmp_pa
         sys.modules.pop(parent, None)  # the fake, imported by the lookup
 
 
+@pytest.mark.parametrize("name", ["rgb", "progressive", "exif_rotated", "grayscale"])
+def test_the_end_of_a_jpeg_is_found_past_a_trailer_and_not_in_a_truncated_file(name):
+    from {{ cookiecutter.package }}.data.decoder import jpeg_end
+
+    image = ODD_FILES[name]
+    assert jpeg_end(image) == len(image)
+    assert jpeg_end(image + b"\xff\xd8\xff\xe1 a vendor block \xff\xd9") == len(image)
+    assert jpeg_end(image + bytes(64)) == len(image)  # zero padding
+    assert jpeg_end(image[:-2]) is None and jpeg_end(image[: len(image) // 2]) is None
+
+
 def test_opencv_keeps_to_one_thread_in_every_decoder_process():
     assert cv2.getNumThreads() == 1  # set when the decoder package is imported, by any process
 

@@ -83,6 +83,30 @@ def reads_as_jpeg(data: bytes) -> bool:
     return data[:2] == b"\xff\xd8" and not is_cmyk_jpeg(data)
 
 
+STANDALONE_MARKERS = {0x01, *range(0xD0, 0xDA)}  # TEM, RST0-7, SOI, EOI: markers with no length after them
+
+
+def jpeg_end(data: bytes) -> int | None:
+    """Where a JPEG's end-of-image marker ends, found by walking its segments and scans; None for a file that
+    stops before one (truncated). Bytes after it (a phone's motion-photo video, a vendor's block) are not the
+    image's: Pillow and libjpeg ignore them."""
+    position = 2  # after SOI
+    while True:
+        position = data.find(b"\xff", position)
+        while 0 <= position < len(data) - 1 and data[position + 1] == 0xFF:  # fill bytes before a marker
+            position += 1
+        if position < 0 or position + 1 >= len(data):
+            return None
+        marker, position = data[position + 1], position + 2
+        if marker == 0xD9:
+            return position
+        if marker in STANDALONE_MARKERS or marker == 0x00:  # 0x00: a stuffed byte in a scan's data
+            continue
+        if position + 2 > len(data):
+            return None
+        position += int.from_bytes(data[position:position + 2], "big")  # a segment: its length counts itself
+
+
 def pixel_box(box: Box, width: int, height: int) -> tuple[int, int, int, int]:
     """The box in whole pixels, inside the image and at least one pixel wide."""
     left, top = min(int(box[0]), width - 1), min(int(box[1]), height - 1)

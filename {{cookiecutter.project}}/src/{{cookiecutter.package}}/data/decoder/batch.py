@@ -13,7 +13,8 @@ import torch
 from ... import options
 from ...contracts import Crop, Decoder
 from ...core.config import ConfigError
-from . import DecodeCrop, Unreadable, decoding, exif_orientation, pil_size, pixel_box, reads_as_jpeg
+from . import (DecodeCrop, Unreadable, decoding, exif_orientation, jpeg_end, pil_size, pixel_box,
+               reads_as_jpeg)
 from .pil import PilDecoder
 
 
@@ -38,8 +39,11 @@ class EncodedOrPixels:
             width, height = pil_size(data)
         if not on_the_device:
             return self.fallback(data)
-        if not data.rstrip(b"\0").endswith(b"\xff\xd9"):  # one truncated file would fail its whole batch
-            raise Unreadable("truncated JPEG: no end-of-image marker")
+        if not data.endswith(b"\xff\xd9"):  # a trailer after the image, or a truncated file, which would fail its batch
+            end = jpeg_end(data)
+            if end is None:
+                raise Unreadable("truncated JPEG: no end-of-image marker")
+            data = data[:end]
         box, flip = self.crop(width, height)
         return Encoded(torch.frombuffer(bytearray(data), dtype=torch.uint8), pixel_box(box, width, height), flip,
                        self.crop.size, exif_orientation(data))
