@@ -88,3 +88,21 @@ def test_gpu_utilisation_comes_from_nvml_while_a_kernel_runs(gpu_busy):
     time.sleep(1.0)
     idle = monitor.sample()["sys/gpu_util"]
     assert busy >= 50 and idle < busy, (busy, idle)
+
+
+def test_a_gpu_whose_nvml_cannot_report_utilisation_loses_that_figure_once_not_the_run(monkeypatch, caplog):
+    """As on a MIG slice, where NVML has no utilisation query."""
+    calls = []
+
+    def unsupported(device):
+        calls.append(device)
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    monkeypatch.setattr(torch.cuda, "utilization", unsupported)
+    monitor = SystemMonitor(torch.device("cuda"), ReadTimes())
+    windows = [monitor.sample() for _ in range(3)]
+    assert all("sys/gpu_util" not in values and "sys/cpu_util" in values for values in windows)
+    assert len(calls) == 1  # asked once, not at every window
+    warned = [record.getMessage() for record in caplog.records if "gpu_util" in record.getMessage()]
+    assert len(warned) == 1 and "NVML_ERROR_NOT_SUPPORTED" in warned[0]
+

@@ -1,5 +1,6 @@
 """The htop/iostat/nvidia-smi checks, sampled once per logging window: CPU load, iowait, disk reads, GPU load,
 and the CPU the loader's workers used."""
+import logging
 import os
 import time
 
@@ -7,6 +8,8 @@ import psutil
 import torch
 
 from ..data.images import ReadTimes
+
+log = logging.getLogger(__name__)
 
 
 def _disk_read_bytes() -> int:
@@ -36,7 +39,20 @@ class SystemMonitor:
         psutil.cpu_percent(None)  # psutil measures from the previous call; this is the first
         psutil.cpu_times_percent(None)
         self.cores = os.cpu_count() or 1
+        self.gpu_util_works = True
         self.last_time, self.last_read, self.last_children = time.perf_counter(), _disk_read_bytes(), _children_cpu_s()
+
+    def _gpu_util(self) -> dict[str, float]:
+        """`sys/gpu_util`: NVML's share of its last sample period (1/6 to 1 s, by product) in which a kernel ran on
+        the GPU, read at the window's end; not an average over the window. Where NVML cannot say (a MIG slice, some
+        containers, no pynvml), the figure is left out from then on, after one line that says why."""
+        try:
+            return {"sys/gpu_util": float(torch.cuda.utilization(self.device))}
+        except Exception as err:  # noqa: BLE001 - pynvml's NVMLError and torch's RuntimeError alike: a figure missing
+            self.gpu_util_works = False
+            log.warning("sys/gpu_util is not recorded: NVML cannot give this GPU's utilisation (%s: %s); the run goes "
+                        "on without it", type(err).__name__, err)
+            return {}
 
     def sample(self) -> dict[str, float]:
         now, read, children = time.perf_counter(), _disk_read_bytes(), _children_cpu_s()
@@ -47,7 +63,7 @@ class SystemMonitor:
             "sys/disk_read_mb_s": (read - self.last_read) / 1e6 / elapsed,
             "sys/loader_cpu": 100 * (children - self.last_children) / (elapsed * self.cores),  # % of all cores
         }
-        if self.device.type == "cuda":
-            values["sys/gpu_util"] = float(torch.cuda.utilization(self.device))  # NVML, through pynvml
+        if self.device.type == "cuda" and self.gpu_util_works:
+            values |= self._gpu_util()
         self.last_time, self.last_read, self.last_children = now, read, children
         return {**values, **self.loader_times.sample()}
