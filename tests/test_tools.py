@@ -40,3 +40,17 @@ def test_wheelhouse_builds_wheels_for_the_target_and_leaves_out_what_it_has(temp
     imported = subprocess.run([sys.executable, "-c", "import antlr4; print(antlr4.__file__)"], capture_output=True,
                               text=True, env={**os.environ, "PYTHONPATH": str(target)}, check=True)
     assert imported.stdout.startswith(str(target))
+
+
+def test_the_cuda_preflight_names_a_wheel_built_for_another_cuda_than_torch(template, monkeypatch):
+    monkeypatch.syspath_prepend(str(template / "tools"))
+    import cuda_preflight
+
+    codec, dali = list(cuda_preflight.WHEELS)
+    found = cuda_preflight.mismatches(12, {codec: 13, dali: 12})
+    assert found == ["torch is built for CUDA 12 and torchcodec for CUDA 13: install the torchcodec wheel for CUDA 12 "
+                     "(pip install torchcodec --index-url https://download.pytorch.org/whl/cu120), or a torch built "
+                     "for CUDA 13"]
+    assert cuda_preflight.mismatches(13, {codec: 13, dali: None}) == []  # DALI absent: its tests skip instead
+    assert cuda_preflight.mismatches(None, {codec: 13, dali: 13}) == []  # a CPU torch: make gpu-check stops earlier
+

@@ -17,6 +17,9 @@ fail() { echo "error: $*" >&2; exit 1; }
 "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null || fail \
   "make gpu-check needs a CUDA GPU, and $PYTHON sees none (no torch, or torch.cuda.is_available() is False): run it on the GPU machine, with GPU_PYTHON=<its python> if that is another one"
 
+"$PYTHON" -c 'import torchvision' 2>/dev/null || fail \
+  "$PYTHON has torch but no torchvision: install the torchvision built for its torch first (pip would otherwise replace torch)"
+
 rm -rf "$OUT"
 mkdir -p "$OUT/report"
 # A venv that sees GPU_PYTHON's packages (its CUDA build of torch above all) and holds only what they lack.
@@ -34,6 +37,10 @@ fi
 "$VENV_PY" -m cookiecutter --no-input . --output-dir "$OUT"
 "${install[@]}" --no-build-isolation -e "$OUT/$PROJECT[dev]" \
   || fail "could not install the baked project: with no network, fill $WHEELHOUSE first (README: make wheelhouse)"
+# DALI (decoder=dali) is the largest wheel and may not be in the wheelhouse: without it, its tests and rows skip.
+"${install[@]}" --no-build-isolation -e "$OUT/$PROJECT[dali]" 2>/dev/null \
+  || echo "gpu-check: DALI could not be installed (pip install nvidia-dali-cuda130); its tests and rows will skip"
+"$VENV_PY" tools/cuda_preflight.py
 
 cd "$OUT/$PROJECT"
 tests=0
