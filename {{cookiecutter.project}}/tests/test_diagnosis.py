@@ -174,6 +174,8 @@ def test_workers_waiting_on_reads_get_the_storage_verdict_and_storage_advice(mac
     more = diagnose(window(0.35), ON_SLOW_STORAGE, hardware, settings(num_workers=2 * hardware.cores))
     assert f"loader.num_workers={4 * hardware.cores}" in switches(more)
     assert not {suggestion.key for suggestion in diagnosis.suggestions} & {"order"}  # files are not read in runs
+    pack = next(suggestion for suggestion in diagnosis.suggestions if suggestion.key == "format")
+    assert pack.change == {"format": packs[0], "order": options.having("order", "in_runs")[0]}  # never read at random
     packed = settings(num_workers=2, choices={"format": "lmdb", "order": "random"})
     in_runs = options.having("order", "in_runs")
     assert {f"order={option}" for option in in_runs} <= switches(diagnose(window(0.35), ON_SLOW_STORAGE, hardware, packed))

@@ -53,12 +53,16 @@ def storage_side(system: dict[str, float], hardware: Hardware, settings: Setting
                                 f"{settings.num_workers})", fact, "data"))
     if not settings.picked("format").packed:
         packs = options.having("format", "packed_for_storage")
+        # Read at random, a pack still pays a request per image, and more than the image where its reads are
+        # larger (an HDF5 chunk): slower than the files on the simulated NFS share (docs/benchmarks.md).
+        runs = {"order": options.having("order", "in_runs")[0]} if options.facts("format", packs[0]).reads_runs else {}
         found.append(Suggestion(
             "format", packs[0], "Turn many small reads into a few long ones: pack once with "
             f"`python -m {options.PACKAGE}.pack format={packs[0]}`"
             + "".join(f" (or format={other})" for other in packs[1:])
+            + (" and read it in runs" if runs else "")
             + f"; `python -m {options.PACKAGE}.bench` measures how fast each format reads from this storage",
-            fact, "data", tunable=False))
+            fact, "data", tunable=False, also=runs))
     if settings.prefetch_factor < 4:
         found.append(Suggestion("loader.prefetch_factor", "4", "Queue more batches ahead of the step", fact, "data"))
     return found
