@@ -43,11 +43,16 @@ def make_decoder(name: str, *overrides: str) -> Decoder:
 def crops(decoder, files: list[bytes], crop, device: torch.device = DEVICE) -> torch.Tensor:
     """What the training step would receive, before normalisation: workers' transform, collate, upload to
     this machine's device; brought back to the CPU to compare."""
-    transform = decoder.transform(crop)
-    images, _ = decoder.collate([(transform(data), 0) for data in files])
-    uploaded = decoder.upload(images, device, non_blocking=False)
+    uploaded = upload(decoder, files, crop, device)
     assert uploaded.device.type == device.type
     return uploaded.cpu()
+
+
+def upload(decoder, files: list[bytes], crop, device: torch.device = DEVICE) -> torch.Tensor:
+    """The batch on `device`, as the training loop gets it: nothing waits for the device."""
+    transform = decoder.transform(crop)
+    images, _ = decoder.collate([(transform(data), 0) for data in files])
+    return decoder.upload(images, device, non_blocking=True)
 
 
 def mean_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -237,6 +242,42 @@ def test_batch_crops_resize_and_flip_like_the_cpu_path():
     expected = resize_box(pixels, box, 64, flip=True).permute(2, 0, 1)
     (result,) = crop_resize_flip([torch.from_numpy(pixels).permute(2, 0, 1)], [box], [True], 64)
     assert mean_difference(result[None], expected[None]).item() < 3.0
+
+
+def two_batches() -> list[list[bytes]]:
+    return [[encoded(photo(320, 240, seed=seed)) for seed in seeds] for seeds in ((1, 2), (3, 4))]
+
+
+def test_dali_overwrites_its_output_at_each_run_and_each_batch_is_copied_out_first(monkeypatch):
+    """What DALI's executor does (a view of one run's output shows the next run's pixels), and that no batch of ours
+    is that view."""
+    decoder = make_decoder("dali")
+    views = []
+    crops(decoder, two_batches()[0], CenterCrop(64, 73))  # builds the pipeline
+    run = decoder.pipeline.run
+
+    def keeping_a_view():
+        outputs = run()
+        views.append(np.asarray(outputs[0].as_tensor()) if decoder.on_cpu else None)
+        return outputs
+
+    monkeypatch.setattr(decoder.pipeline, "run", keeping_a_view)
+    first, second = (crops(decoder, batch, CenterCrop(64, 73)) for batch in two_batches())
+    alone = crops(make_decoder("dali"), two_batches()[0], CenterCrop(64, 73))
+    assert torch.equal(first, alone) and not torch.equal(first, second)
+    if decoder.on_cpu:
+        assert np.array_equal(views[0], second.numpy()) and not np.array_equal(views[0], first.numpy())
+
+
+@pytest.mark.gpu
+def test_dali_batches_queued_one_after_another_on_the_gpu_keep_their_own_pixels():
+    """Two batches decoded with no sync between them, as the training loop asks for them: each holds its own images."""
+    decoder = make_decoder("dali")
+    batches = two_batches()
+    queued = [upload(decoder, batch, CenterCrop(64, 73)) for batch in batches]
+    for batch, result in zip(batches, queued):
+        reference = crops(PilDecoder(), batch, CenterCrop(64, 73), CPU)
+        assert mean_difference(result.cpu(), reference).max() < 6.0
 
 
 @pytest.mark.gpu

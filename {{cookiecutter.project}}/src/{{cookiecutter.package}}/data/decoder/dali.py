@@ -17,6 +17,7 @@ class DaliDecoder(BatchDecoder):
         super().__init__(on_cpu)
         self.batch_size, self.threads = batch_size, threads
         self.pipeline = None  # built on first use, in the training process, for the crop size it is given
+        self.copied = None  # on CUDA: an event after the last copy out of the pipeline's output
 
     def build(self, device: torch.device, size: int) -> Pipeline:
         pipeline = Pipeline(batch_size=self.batch_size, num_threads=self.threads,
@@ -45,11 +46,17 @@ class DaliDecoder(BatchDecoder):
         self.pipeline.feed_input("anchors", [np.array(box[:2], np.float32) for box in boxes])
         self.pipeline.feed_input("shapes", [np.array(box[2:], np.float32) for box in boxes])
         self.pipeline.feed_input("mirror", [np.array(int(item.flip), np.int32) for item in encoded])
+        # This executor (exec_async=False, exec_pipelined=False) writes each run's output over the last one's, and
+        # the copy out of it is only queued on torch's stream: it must be done before the next run starts.
+        if self.copied is not None:
+            self.copied.synchronize()
         (crops,) = self.pipeline.run()
-        if self.on_cpu:
+        if self.on_cpu:  # np.array copies: DALI's CPU output is a view of the buffer the next run overwrites
             return torch.from_numpy(np.array(crops.as_tensor())).to(device, non_blocking=non_blocking)
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
+        stream = torch.cuda.current_stream(device)
         batch = torch.empty((len(encoded), 3, size, size), dtype=torch.uint8, device=device)
-        feed_ndarray(crops.as_tensor(), batch, cuda_stream=torch.cuda.current_stream(device))
+        feed_ndarray(crops.as_tensor(), batch, cuda_stream=stream)
+        self.copied = stream.record_event()
         return batch
