@@ -168,10 +168,12 @@ def test_training_run_reports_where_the_time_went(installed, tmp_path):
     assert summary["data_ms"] + summary["compute_ms"] > 0 and summary["host_ms"] == 0.0  # none on the CPU
     assert summary["bound"] in ("data", "compute") and summary["processes"] == 1
     assert summary["verdict"].startswith("Data loading is") and summary["advice"]
-    assert summary["choices"] == {"data": "synthetic", "format": "folder", "decoder": "turbojpeg", "staging": "none",
-                                  "prefetcher": "none", "model": "torchvision", "optim": "sgd",
-                                  "schedule": "warmup_cosine", "logger": "tensorboard", "profiler": "none",
-                                  "debug": "none"}
+    defaults = {"data": "synthetic", "format": "folder", "decoder": "turbojpeg", "order": "random", "staging": "none",
+                "prefetcher": "none", "model": "torchvision", "optim": "sgd", "schedule": "warmup_cosine",
+                "logger": "tensorboard", "profiler": "none", "debug": "none"}
+    groups = {folder.name for folder in (project / "src/e2e_check/conf").iterdir() if folder.is_dir()}
+    assert set(defaults) == groups - {"experiment", "hydra"}, "a new config group: name its default here"
+    assert summary["choices"] == defaults
     assert summary["env"]["device"].startswith("cpu") and summary["env"]["torch"]
     assert 0 <= summary["val_top1"] <= summary["val_top5"] <= 100
 
