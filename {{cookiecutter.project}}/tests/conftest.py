@@ -118,6 +118,9 @@ ODD_FILES = {
     "large": encoded(photo(4000, 3000)),
     "tiny": encoded(photo(16, 16)),
     "trailer": encoded(photo(500, 375)) + b"ftypmp42" + bytes(range(256)) * 40,  # a motion photo's video after EOI
+    # Arithmetic coding, which nvJPEG does not decode; no Python library writes it, so this one was written by
+    # libjpeg-turbo's `cjpeg -arithmetic` from photo(64, 48).
+    "arithmetic": (Path(__file__).parent / "data/arithmetic.jpg").read_bytes(),
 }
 
 

@@ -5,6 +5,9 @@ import time
 import pytest
 import torch
 
+from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
+from {{ cookiecutter.package }}.data.device import ToDevice
+from {{ cookiecutter.package }}.data.prefetcher import thread
 from {{ cookiecutter.package }}.loop.clock import Clock, CudaClock, Window, make_clock
 
 DELAY = 0.02
@@ -208,3 +211,23 @@ def test_real_gpu_slow_python_step_is_host_overhead(gpu_busy):
 def test_real_gpu_slow_device_op_is_compute(gpu_busy):
     window = real_window(gpu_busy, kernel=DELAY)
     assert window.compute_s / window.wall_s > 0.85 and window.data_frac < 0.05 and window.host_frac < 0.1, window
+
+
+def uint8_batches(count: int, delay: float):
+    """Batches as the loader's workers deliver them (NHWC uint8), each after `delay`."""
+    for _ in range(count):
+        time.sleep(delay)
+        yield torch.zeros(64, 64, 64, 3, dtype=torch.uint8), torch.zeros(64, dtype=torch.long)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("iterator_delay", "kernel", "bound"), [(DELAY, 0.0005, "data"), (0.0, DELAY, "compute")])
+def test_real_gpu_split_through_the_thread_prefetcher(gpu_busy, iterator_delay, kernel, bound):
+    """The thread uploads on a side stream, so the training stream holds only the step: a slow loader is still a
+    data stall and a slow kernel compute, with no host share from the uploads."""
+    device = torch.device("cuda")
+    batches = thread(uint8_batches(20, iterator_delay), ToDevice(PilDecoder(), device, non_blocking=True), depth=2)
+    window = run_steps(make_clock(device), batches, lambda: gpu_busy(kernel))
+    shares = {"data": window.data_frac, "compute": window.compute_s / window.wall_s}
+    assert shares[bound] > 0.8 and window.host_frac < 0.1, window
+

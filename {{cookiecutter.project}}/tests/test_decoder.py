@@ -1,7 +1,9 @@
 """Every decoder agrees with every other: same labels, pixels within JPEG tolerance, same handling of odd
 files. The decoders come from conf/decoder/*.yaml, and what each needs from its own `_facts_`."""
 import importlib
+import resource
 import sys
+import time
 
 import cv2
 import numpy as np
@@ -14,7 +16,7 @@ from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.contracts import Decoder
 from {{ cookiecutter.package }}.core.config import ConfigError, build
 from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
-from {{ cookiecutter.package }}.data.decoder import CpuDecoder, resize_box
+from {{ cookiecutter.package }}.data.decoder import CpuDecoder, huffman_8bit, resize_box
 from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
@@ -244,6 +246,65 @@ def test_batch_crops_resize_and_flip_like_the_cpu_path():
     assert mean_difference(result[None], expected[None]).item() < 3.0
 
 
+def test_an_image_nvjpeg_refuses_is_decoded_by_pillow_and_its_batch_goes_on(monkeypatch, caplog):
+    """nvJPEG refusing one image of a batch (its own limits, past the header checks the workers make) costs
+    that image a CPU decode, with one warning for the run, never the run."""
+    decoder = make_decoder("nvjpeg")
+    module = sys.modules[type(decoder).__module__]
+    refused, real = ODD_FILES["progressive"], module.decode_jpeg
+
+    def refusing(data, **kwargs):
+        if any(item.numpy().tobytes() == refused for item in (data if isinstance(data, list) else [data])):
+            raise RuntimeError("nvjpegDecodeBatched failed: NVJPEG_STATUS_JPEG_NOT_SUPPORTED")
+        return real(data, **kwargs)
+
+    monkeypatch.setattr(module, "decode_jpeg", refusing)
+    files = [ODD_FILES["rgb"], refused, ODD_FILES["exif_rotated"]]
+    reference = crops(PilDecoder(), files, CenterCrop(64, 73), CPU)
+    for _ in range(2):
+        assert mean_difference(crops(decoder, files, CenterCrop(64, 73)), reference).max() < 4.0
+    assert sum("nvJPEG refused" in record.getMessage() for record in caplog.records) == 1
+
+
+def test_only_huffman_coded_8bit_jpegs_go_to_the_device():
+    assert all(huffman_8bit(ODD_FILES[kind]) for kind in ("rgb", "grayscale", "progressive", "exif_rotated", "trailer"))
+    assert not any(huffman_8bit(ODD_FILES[kind]) for kind in ("arithmetic", "png_named_jpeg"))
+    assert not huffman_8bit(b"") and not huffman_8bit(ODD_FILES["rgb"][:2])
+
+
+class OneJpeg(torch.utils.data.Dataset):
+    """`length` copies of one JPEG through a decoder's worker transform."""
+
+    def __init__(self, transform, data: bytes, length: int):
+        self.transform, self.data, self.length = transform, data, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return self.transform(self.data), index
+
+
+@pytest.mark.parametrize("name", options.gpu_options("decoder"))
+def test_a_batch_decoders_worker_holds_a_descriptor_per_batch_not_per_image(name):
+    """Under a soft limit of 128 open files, a worker eight batches of 32 images ahead (the batch size the decoders
+    are composed with here): one shared-memory descriptor per image would need 256 of them."""
+    decoder, data = make_decoder(name), ODD_FILES["tiny"]
+    dataset = OneJpeg(decoder.transform(CenterCrop(16, 16)), data, 10 * 32)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    try:
+        batches = iter(torch.utils.data.DataLoader(dataset, batch_size=32, num_workers=1, prefetch_factor=8,
+                                                   collate_fn=decoder.collate, timeout=60))
+        time.sleep(3)  # the worker fills its eight batches and holds their descriptors until they are taken
+        received = [(decoder.upload(images, DEVICE, False), labels) for images, labels in batches]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert torch.equal(torch.cat([labels for _, labels in received]), torch.arange(10 * 32))
+    reference = crops(PilDecoder(), [data], CenterCrop(16, 16), CPU)
+    assert all(mean_difference(images.cpu(), reference).max() < 6.0 for images, _ in received)
+
+
 def two_batches() -> list[list[bytes]]:
     return [[encoded(photo(320, 240, seed=seed)) for seed in seeds] for seeds in ((1, 2), (3, 4))]
 
@@ -286,7 +347,8 @@ def test_gpu_decoders_decode_whole_batches_on_the_gpu_like_pillow(name):
     """The real device path: nvJPEG (through TorchCodec, or DALI's mixed backend), crops and flips on the GPU."""
     decoder = make_decoder(name)
     assert not decoder.on_cpu
-    files = [data for kind, data in ODD_FILES.items() if kind not in ("cmyk", "png_named_jpeg")]  # the GPU's own
+    # cmyk and png_named_jpeg are the workers' alone; arithmetic, also decoded in the workers, mixes the batch
+    files = [data for kind, data in ODD_FILES.items() if kind not in ("cmyk", "png_named_jpeg")]
     result = crops(decoder, files, CenterCrop(224, 256))
     reference = crops(PilDecoder(), files, CenterCrop(224, 256), CPU)
     assert mean_difference(result, reference).max() < 4.0

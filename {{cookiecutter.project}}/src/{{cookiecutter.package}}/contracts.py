@@ -170,7 +170,11 @@ class ResumableLoader(Protocol):
         """Take a `state` back, before the `set_epoch` of the epoch it was saved in."""
 
 
-ToDevice = Callable[[Any], Batch]  # a collated batch -> (normalised images, labels) on the device
+class ToDevice(Protocol):
+    """A collated batch -> (normalised images, labels) on `device`."""
+    device: torch.device
+
+    def __call__(self, batch: Any) -> Batch: ...
 
 
 class Prefetcher(ABC):

@@ -4,7 +4,8 @@ Each is a `Prefetcher` (contracts.py): it wraps the loader, keeps its len and pl
 (normalised images, labels) on the device.
 - `none`: copy and normalise in the training thread, just before the step.
 - `thread`: a background thread keeps `depth` batches copied and normalised ahead (pick when the host
-  side of a batch, collation and the copy, shows up as data time).
+  side of a batch, collation and the copy, shows up as data time). On CUDA it queues them on a side stream,
+  so that the training stream holds only the step's work, as the timing split assumes.
 - `cuda_stream`: the copy and normalisation of batch i+1 run on a side CUDA stream while batch i computes.
 - `resident`: no loading at all. The first batch stays on the device and is replayed for every step: the
   compute ceiling, timed by the same loop as the real pipelines it is compared with. (Validation scores
@@ -56,11 +57,14 @@ class ThreadPrefetcher(Prefetcher):
                     continue
             return False
 
+        side = torch.cuda.Stream(self.to_device.device) if self.to_device.device.type == "cuda" else None
+
         def fill() -> None:
             try:
-                for batch in self.loader:
-                    if not offer(self.to_device(batch)):
-                        return
+                with torch.cuda.stream(side):  # a no-op without one
+                    for batch in self.loader:
+                        if not offer((self.to_device(batch), side.record_event() if side else None)):
+                            return
                 offer(done)
             except BaseException as error:  # noqa: BLE001 - handed to the training thread as it is
                 offer(_Raised(error))
@@ -71,7 +75,8 @@ class ThreadPrefetcher(Prefetcher):
             while (item := ready.get()) is not done:
                 if isinstance(item, _Raised):
                     raise item.error
-                yield item
+                batch, uploaded = item
+                yield on_current_stream(batch, uploaded) if uploaded else batch
         finally:
             stop.set()  # a consumer that stops early (max_steps, limit_val_batches) frees the thread
             thread.join()
@@ -89,18 +94,23 @@ class CudaStreamPrefetcher(Prefetcher):
             if batch is None:
                 return None
             with torch.cuda.stream(stream):
-                return self.to_device(batch)
+                return self.to_device(batch), stream.record_event()
 
         upcoming = preload()
         while upcoming is not None:
-            torch.cuda.current_stream().wait_stream(stream)
-            images, labels = upcoming
-            # Made on the side stream, used on the main one: tell the caching allocator not to reuse
-            # their memory until the main stream's work on them is done.
-            images.record_stream(torch.cuda.current_stream())
-            labels.record_stream(torch.cuda.current_stream())
+            batch = on_current_stream(*upcoming)
             upcoming = preload()
-            yield images, labels
+            yield batch
+
+
+def on_current_stream(batch: Batch, uploaded: torch.cuda.Event) -> Batch:
+    """A batch made on a side stream, handed to the current one: it waits for the upload, and the caching
+    allocator does not reuse the batch's memory until the current stream's work on it is done."""
+    current = torch.cuda.current_stream()
+    current.wait_event(uploaded)
+    for tensor in batch:
+        tensor.record_stream(current)
+    return batch
 
 
 class ResidentBatch(Prefetcher):

@@ -107,6 +107,27 @@ def jpeg_end(data: bytes) -> int | None:
         position += int.from_bytes(data[position:position + 2], "big")  # a segment: its length counts itself
 
 
+# Start-of-frame markers: baseline, extended sequential and progressive Huffman coding. nvJPEG decodes these
+# (and only in 8-bit precision); arithmetic coding (0xC9-0xCB), lossless (0xC3) and hierarchical frames it does not.
+HUFFMAN_FRAMES = {0xC0, 0xC1, 0xC2}
+
+
+def huffman_8bit(data: bytes) -> bool:
+    """Whether a JPEG's frame is Huffman-coded with 8-bit samples: the kind GPU JPEG decoders take."""
+    position = 2  # after SOI; the frame header comes before the first scan, among the header's segments
+    while position + 4 <= len(data) and data[position] == 0xFF:
+        marker = data[position + 1]
+        if marker == 0xFF:  # a fill byte
+            position += 1
+            continue
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # not DHT, JPG, DAC: a frame header
+            return marker in HUFFMAN_FRAMES and position + 4 < len(data) and data[position + 4] == 8
+        if marker == 0xDA:  # a scan before any frame header: not a JPEG anyone decodes
+            return False
+        position += 2 + int.from_bytes(data[position + 2:position + 4], "big")
+    return False
+
+
 def pixel_box(box: Box, width: int, height: int) -> tuple[int, int, int, int]:
     """The box in whole pixels, inside the image and at least one pixel wide."""
     left, top = min(int(box[0]), width - 1), min(int(box[1]), height - 1)

@@ -5,6 +5,7 @@ hardware JPEG decoder where it applies), then cropped, resized and flipped on th
 Decoded images differ in size, and roi_align wants one tensor: they are laid out side by side on one
 canvas, each with a one-pixel border repeating its own edge so that no crop samples its neighbour.
 """
+import logging
 import math
 
 import torch
@@ -12,17 +13,50 @@ from torch.nn.functional import pad
 from torchcodec.decoders import decode_jpeg
 from torchvision.ops import roi_align
 
-from . import as_stored
+from ... import options
+from ..images import UnreadableImage
+from . import Unreadable, as_stored, decoding, pillow_decode
 from .batch import BatchDecoder, Encoded
+
+log = logging.getLogger(__name__)
 
 
 class NvjpegDecoder(BatchDecoder):
+    def __init__(self, on_cpu: bool):
+        super().__init__(on_cpu)
+        self.warned = False  # the first image nvJPEG refuses is logged, not every one
+
     def decode_crops(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> torch.Tensor:
-        images = decode_jpeg([item.data for item in encoded], mode="RGB", device="cpu" if self.on_cpu else device)
-        images = [as_stored(image, item.orientation) for image, item in zip(images, encoded)]
+        images = self.decode(encoded, torch.device("cpu") if self.on_cpu else device)
         crops = crop_resize_flip(images, [item.box for item in encoded], [item.flip for item in encoded],
                                  encoded[0].size)
         return crops.to(device, non_blocking=non_blocking)
+
+    def decode(self, encoded: list[Encoded], device: torch.device) -> list[torch.Tensor]:
+        """The images as stored, in one batched call; where nvJPEG refuses the batch, one by one, with Pillow on the
+        CPU for each image it refuses (as DALI falls back to the host), so that one odd file never ends the run."""
+        try:
+            images = decode_jpeg([item.data for item in encoded], mode="RGB", device=device)
+        except RuntimeError:
+            return [self.decode_one(item, device) for item in encoded]
+        return [as_stored(image, item.orientation) for image, item in zip(images, encoded)]
+
+    def decode_one(self, item: Encoded, device: torch.device) -> torch.Tensor:
+        try:
+            return as_stored(decode_jpeg(item.data, mode="RGB", device=device), item.orientation)
+        except RuntimeError as refused:
+            if not self.warned:
+                log.warning("nvJPEG refused an image (%s); such images are decoded by Pillow on the CPU",
+                            str(refused).splitlines()[0])
+                self.warned = True
+        try:
+            with decoding():
+                pixels = pillow_decode(item.data.numpy().tobytes(), shrink=1)
+        except Unreadable as err:
+            raise UnreadableImage(f"an image that nvJPEG refused does not decode with Pillow either ({err}): pick "
+                                  f"decoder={options.fastest_cpu_decoder()}, whose workers skip such files under "
+                                  f"data.on_error=skip") from err
+        return torch.from_numpy(pixels).permute(2, 0, 1).to(device)  # Pillow leaves EXIF orientation alone
 
 
 def shelves(sizes: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], int, int]:
