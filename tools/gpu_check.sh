@@ -38,8 +38,10 @@ fi
 "${install[@]}" --no-build-isolation -e "$OUT/$PROJECT[dev]" \
   || fail "could not install the baked project: with no network, fill $WHEELHOUSE first (README: make wheelhouse)"
 # DALI (decoder=dali) is the largest wheel and may not be in the wheelhouse: without it, its tests and rows skip.
-"${install[@]}" --no-build-isolation -e "$OUT/$PROJECT[dali]" 2>/dev/null \
-  || echo "gpu-check: DALI could not be installed (pip install nvidia-dali-cuda130); its tests and rows will skip"
+# Its wheels are built per CUDA major version: the one for this torch's, unless one is installed already.
+dali="nvidia-dali-cuda$("$VENV_PY" -c 'import torch; print(torch.version.cuda.split(".")[0])')0"
+"$VENV_PY" -m pip list 2>/dev/null | grep -q '^nvidia-dali-cuda' || "${install[@]}" "$dali" 2>/dev/null \
+  || echo "gpu-check: DALI could not be installed (pip install $dali); its tests and rows will skip"
 "$VENV_PY" tools/cuda_preflight.py
 
 cd "$OUT/$PROJECT"

@@ -3,6 +3,7 @@ import csv
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,28 @@ def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp
     assert "warm" in written[0]["page_cache"]
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "baseline" in result.stdout + result.stderr and (tmp_path / "packs").is_dir()
+
+
+def test_a_staged_row_is_read_from_a_fresh_copy_in_ram_with_its_copy_seconds_and_leaves_none_behind(tiny_root, tmp_path):
+    result = run_bench(tmp_path, tiny_root, "bench.formats=[folder,lmdb]", "bench.decoders=[turbojpeg]",
+                       "bench.stagings=[none,tmpfs]", "bench.num_workers=[1]", "bench.probe_storage=false",
+                       "bench.batch_size=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    with (tmp_path / "bench/bench.csv").open() as file:
+        rows = {(row["format"], row["staging"]): row for row in csv.DictReader(file) if row["decoder"] == "turbojpeg"}
+    assert set(rows) == {(format, staging) for format in ("folder", "lmdb") for staging in ("none", "tmpfs")}
+    for format in ("folder", "lmdb"):
+        staged, local = rows[format, "tmpfs"], rows[format, "none"]
+        assert staged["staging_s"] != "" and "copied in" in staged["note"] and float(staged["images_per_s"]) > 0
+        assert local["staging_s"] == "" and "copied" not in local["note"]
+    assert not list(Path("/dev/shm").glob(f"{PACKAGE}-bench-*")), "the copies are removed at the end"
+
+
+def test_a_batch_larger_than_the_data_set_is_one_line(tiny_root, tmp_path):
+    result = run_bench(tmp_path, tiny_root, "bench.num_workers=[0]", "bench.batch_size=64", "bench.probe_storage=false")
+    assert result.returncode == 1
+    assert error_line(result.stderr) == (f"error: bench.batch_size=64 is more than the 24 training images under "
+                                         f"{tiny_root}: pass a smaller bench.batch_size"), result.stderr[-2000:]
 
 
 def run_bench(tmp_path, root, *overrides: str) -> subprocess.CompletedProcess:

@@ -352,3 +352,4 @@ def test_gpu_decoders_decode_whole_batches_on_the_gpu_like_pillow(name):
     result = crops(decoder, files, CenterCrop(224, 256))
     reference = crops(PilDecoder(), files, CenterCrop(224, 256), CPU)
     assert mean_difference(result, reference).max() < 4.0
+    assert not getattr(decoder, "warned", False), "nvJPEG decoded them all: none was left to Pillow"

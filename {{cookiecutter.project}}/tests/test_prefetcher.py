@@ -32,7 +32,8 @@ def test_every_prefetcher_has_a_maker():
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.gpu) if n == "cuda_stream" else n
-                                  for n in PREFETCHERS if n not in REPLAYS])
+                                  for n in PREFETCHERS if n not in REPLAYS]
+                         + [pytest.param("thread", marks=pytest.mark.gpu, id="thread-on-its-side-stream")])
 def test_yields_exactly_the_plain_batches(name):
     loader = uint8_batches()
     to_device = ToDevice(PilDecoder(), DEVICE, non_blocking=True)

@@ -33,6 +33,16 @@ def test_every_timing_figure_comes_from_the_process_the_others_waited_for():
         "sys/cpu_util": 90.0}
 
 
+def test_a_figure_the_system_monitor_stopped_giving_midway_is_left_out_not_a_crash():
+    from {{ cookiecutter.package }}.core.distributed import World
+
+    windows = [(Window(5, 40, 9.0, 9.0, 0.0), {"sys/cpu_util": 1.0, "sys/gpu_util": 80.0}),
+               (Window(10, 80, 2.0, 0.5, 0.1), {"sys/cpu_util": 50.0, "sys/gpu_util": 90.0}),
+               (Window(10, 80, 2.0, 0.3, 0.1), {"sys/cpu_util": 70.0})]  # NVML failed: gpu_util is gone from here on
+    _, system, _ = run_totals(windows, World(0, 0, 1, CPU))
+    assert system == {"sys/cpu_util": 60.0}
+
+
 def test_the_report_lists_the_suggestions_then_what_this_machine_should_not_flip():
     summary = {"images_per_s": 50.0, "steps": 30, "data_ms": 10.0, "data_frac": 0.02, "host_ms": 0.0, "host_frac": 0.0,
                "compute_ms": 500.0, "bound": "compute", "system": {"sys/cpu_util": 90.0}, "val_top1": 50.0,

@@ -58,6 +58,9 @@ class World:
         return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None)
 
 
+ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))  # one process on the CPU, as the tools read
+
+
 def setup(timeout_min: float = 30.0) -> World:
     """Read torchrun's RANK, LOCAL_RANK and WORLD_SIZE; join the process group (NCCL on GPUs, gloo on CPUs).
 

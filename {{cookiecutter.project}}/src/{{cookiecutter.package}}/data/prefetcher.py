@@ -41,7 +41,13 @@ class ThreadPrefetcher(Prefetcher):
 
     def __init__(self, loader: ResumableLoader, to_device: ToDevice, depth: int):
         super().__init__(loader, to_device)
-        self.depth = depth
+        self.depth, self.side = depth, None
+
+    def side_stream(self) -> torch.cuda.Stream | None:
+        """One side stream for every pass: the caching allocator reuses memory only on the stream that took it."""
+        if self.side is None and self.to_device.device.type == "cuda":
+            self.side = torch.cuda.Stream(self.to_device.device)
+        return self.side
 
     def __iter__(self) -> Iterator[Batch]:
         ready, stop = queue.Queue(self.depth), threading.Event()
@@ -57,10 +63,12 @@ class ThreadPrefetcher(Prefetcher):
                     continue
             return False
 
-        side = torch.cuda.Stream(self.to_device.device) if self.to_device.device.type == "cuda" else None
+        side = self.side_stream()
 
         def fill() -> None:
             try:
+                if side is not None:  # a new thread's device is GPU 0: on another, leaving the stream would touch it
+                    torch.cuda.set_device(self.to_device.device)
                 with torch.cuda.stream(side):  # a no-op without one
                     for batch in self.loader:
                         if not offer((self.to_device(batch), side.record_event() if side else None)):
@@ -85,8 +93,12 @@ class ThreadPrefetcher(Prefetcher):
 class CudaStreamPrefetcher(Prefetcher):
     """Apex's data_prefetcher: batch i+1 is copied and normalised on a side stream while batch i computes."""
 
+    def __init__(self, loader: ResumableLoader, to_device: ToDevice):
+        super().__init__(loader, to_device)
+        self.stream = None
+
     def __iter__(self) -> Iterator[Batch]:
-        stream = torch.cuda.Stream()
+        self.stream = stream = self.stream or torch.cuda.Stream()  # one for every pass, as for the thread's
         batches = iter(self.loader)
 
         def preload():

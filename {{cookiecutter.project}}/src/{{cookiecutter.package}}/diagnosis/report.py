@@ -41,7 +41,7 @@ def run_totals(windows: list[tuple[Window, dict[str, float]]], world: World) -> 
     """
     measured = windows[1:] or windows
     total = sum((window for window, _ in measured), Window())
-    tags = sorted(measured[0][1]) if measured else []
+    tags = sorted(set.intersection(*(set(values) for _, values in measured))) if measured else []  # NVML may stop
     system = [float(np.mean([values[tag] for _, values in measured])) for tag in tags]
     fields = [field.name for field in dataclasses.fields(Window)]
     rows = [dict(zip([*fields, *tags], row)) for row in world.gather([*dataclasses.astuple(total), *system])]

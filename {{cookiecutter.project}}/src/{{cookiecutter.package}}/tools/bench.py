@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -13,9 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from .. import options
-from ..contracts import Decoder, Order, Stores
+from ..contracts import Decoder, Order, Staging, Stores
 from ..core.config import ConfigError, build, optional_import
-from ..core.distributed import World
+from ..core.distributed import ALONE
 from ..core.files import bytes_in
 from ..data.decoder import DECODE_ERRORS, CpuDecoder, Unreadable, decoding
 from ..data.format.folder import open_tree
@@ -24,13 +25,13 @@ from ..data.loaders import training_loader
 from ..data.sources import Source
 from ..data.staging import no_staging
 from .pack import pack
+from .staged import counted, stagings, timed_staging
 from .storage_probe import storage_rows
 
 log = logging.getLogger(__name__)
 
-ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
-COLUMNS = ("decoder", "format", "order", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling", "unreadable",
-           "page_cache", "read_mb_s", "sequential_mb_s", "first_batch_s", "limit", "note")
+COLUMNS = ("decoder", "format", "order", "staging", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling",
+           "unreadable", "staging_s", "page_cache", "read_mb_s", "sequential_mb_s", "first_batch_s", "limit", "note")
 
 
 def time_epochs(loader, epochs: int, upload=lambda batch: None, device: torch.device = ALONE.device) -> float:
@@ -113,6 +114,9 @@ def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: i
                                  transforms.ToTensor(),
                                  transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
     dataset = SkippingImageFolder(root / "train", recipe)
+    if len(dataset) < batch_size:  # no full batch to time, in this loader or any other
+        raise ConfigError(f"bench.batch_size={batch_size} is more than the {len(dataset)} training images under {root}: "
+                          f"pass a smaller bench.batch_size")
     rate = time_epochs(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                                   num_workers=num_workers, persistent_workers=num_workers > 0), epochs,
                        lambda batch: batch[0].to(device, non_blocking=True), device)
@@ -147,15 +151,15 @@ def decode_only(root: Path, cpu_decoders: dict[str, CpuDecoder]) -> tuple[str, f
     return fastest, rates[fastest], unreadable[fastest]
 
 
-def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> Stores:
-    """The training split in `format`, packed from the source tree on first use."""
+def stores_for(format: str, source: Source, pack_dir: Path, short_side: int, stage: Staging = no_staging) -> Stores:
+    """The training split in `format`, packed from the source tree on first use, read through `stage`."""
     node, facts = OmegaConf.load(options.CONF / "format" / f"{format}.yaml"), options.facts("format", format)
     if facts.packed:
         node["path"] = str(pack_dir / f"{source.root.name}-{format}")
         if not Path(node["path"]).exists():
             pack(source.root, format, Path(node["path"]), short_side if facts.holds_pixels else None, 90,
                  os.cpu_count() or 1, False, "skip")
-    return build(node, source=source, stage=no_staging)
+    return build(node, source=source, stage=stage)
 
 
 def orders_for(format: str, names: list[str]) -> dict[str, Order]:
@@ -166,9 +170,10 @@ def orders_for(format: str, names: list[str]) -> dict[str, Order]:
 
 
 def read_from(row: dict) -> str:
-    """The row's format, and its order where that is not the default."""
-    order = row.get("order", options.default("order"))
-    return row["format"] if order == options.default("order") else f"{row['format']}/{order}"
+    """The row's format, with its order and staging where they are not the defaults."""
+    order, staging = row.get("order", options.default("order")), row.get("staging", options.default("staging"))
+    read = row["format"] if order == options.default("order") else f"{row['format']}/{order}"
+    return read if staging == options.default("staging") else f"{read}+{staging}"
 
 
 def chart(rows: list[dict], path: Path) -> None:
@@ -203,47 +208,55 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     fallback = options.fastest_cpu_decoder()
     fastest, decode_rate, sample_bad = decode_only(
         source.root, cpu_decoders or {fallback: make_decoder(fallback, settings.batch_size, device, {})})
-    rows = []
-    for workers in settings.num_workers:
-        cores = max(1, min(workers, os.cpu_count() or 1))
-        baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size, workers,
-                                               settings.timed_epochs, device)
-        reference = [
-            {"decoder": "ceiling", "format": "memory", "num_workers": workers, "images_per_s": decode_rate * cores,
-             "reference": True, "unreadable": sample_bad, "note": f"{fastest} full decode, 1 process x {cores} cores, "
-                                               f"unreadable files of the {CEILING_FILES} first skipped"},
-            {"decoder": "baseline", "format": "folder", "num_workers": workers, "images_per_s": baseline_rate,
-             "reference": True, "unreadable": baseline_bad, "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped"}]
-        rows += reference
-        for format in settings.formats:
-            stores = stores_for(format, source, Path(settings.pack_dir).expanduser(), settings.short_side)
-            holds_pixels = options.facts("format", format).holds_pixels
-            for order_name, order in orders_for(format, settings.orders).items():
-                ordered = replace(stores, train=order.reads(stores.train))
-                for name, decoder in (pixels if holds_pixels else runnable).items():
-                    splits = make_splits(source, ordered, decoder)
-                    loader = training_loader(ordered, splits.train, settings.batch_size, 0, ALONE,
-                                             splits.decoder.collate, order, num_workers=workers, prefetch_factor=2,
-                                             pin_memory=False, persistent_workers=True)
-                    rate = time_epochs(loader, settings.timed_epochs,
-                                       lambda batch: splits.decoder.upload(batch[0], device, True), device)
-                    rows.append({"decoder": name, "format": format, "order": order_name, "num_workers": workers,
-                                 "images_per_s": rate, "unreadable": int(splits.train.bad_flags().sum()),
-                                 "note": "pre-decoded pixels" if holds_pixels else ""})
-                    log.info("%s / %s / order=%s / %d workers: %.0f images/s", name, format, order_name, workers,
-                             rate)
-            if not holds_pixels:
-                rows += [{"decoder": name, "format": format, "num_workers": workers, "images_per_s": 0.0,
-                          "unreadable": "", "note": f"not run: {reason}"} for name, reason in unable.items()]
-        for row in rows:
-            if row["num_workers"] == workers:
-                row["vs_baseline"] = row["images_per_s"] / reference[1]["images_per_s"]
-                row["vs_ceiling"] = row["images_per_s"] / reference[0]["images_per_s"]
-                row["page_cache"] = cache
+    rows, pack_dir = [], Path(settings.pack_dir).expanduser()
+    with stagings(list(settings.stagings)) as stages:
+        staged = {(format, name): timed_staging(partial(stores_for, format, source, pack_dir, settings.short_side),
+                                                stage, copies)
+                  for format in settings.formats for name, (stage, copies) in stages.items()}
+        for workers in settings.num_workers:
+            cores = max(1, min(workers, os.cpu_count() or 1))
+            baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size, workers,
+                                                   settings.timed_epochs, device)
+            reference = [
+                {"decoder": "ceiling", "format": "memory", "num_workers": workers, "images_per_s": decode_rate * cores,
+                 "reference": True, "unreadable": sample_bad, "note": f"{fastest} full decode, 1 process x {cores} "
+                                                   f"cores, unreadable files of the {CEILING_FILES} first skipped"},
+                {"decoder": "baseline", "format": "folder", "num_workers": workers, "images_per_s": baseline_rate,
+                 "reference": True, "unreadable": baseline_bad,
+                 "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped"}]
+            rows += reference
+            for (format, staging), (stores, staging_s) in staged.items():
+                holds_pixels = options.facts("format", format).holds_pixels
+                for order_name, order in orders_for(format, settings.orders).items():
+                    ordered = replace(stores, train=order.reads(stores.train))
+                    for name, decoder in (pixels if holds_pixels else runnable).items():
+                        splits = make_splits(source, ordered, decoder)
+                        loader = training_loader(ordered, splits.train, settings.batch_size, 0, ALONE,
+                                                 splits.decoder.collate, order, num_workers=workers,
+                                                 prefetch_factor=2, pin_memory=False, persistent_workers=True)
+                        rate = time_epochs(loader, settings.timed_epochs,
+                                           lambda batch: splits.decoder.upload(batch[0], device, True), device)
+                        rows.append({"decoder": name, "format": format, "order": order_name, "staging": staging,
+                                     "num_workers": workers, "images_per_s": rate, "staging_s": staging_s,
+                                     "unreadable": int(splits.train.bad_flags().sum()),
+                                     "note": "; ".join(filter(None, ["pre-decoded pixels" if holds_pixels else "",
+                                                                     counted(staging_s, len(splits.train), rate,
+                                                                             settings.timed_epochs)]))})
+                        log.info("%s / %s / order=%s / staging=%s / %d workers: %.0f images/s", name, format,
+                                 order_name, staging, workers, rate)
+                if not holds_pixels:
+                    rows += [{"decoder": name, "format": format, "staging": staging, "num_workers": workers,
+                              "images_per_s": 0.0, "unreadable": "", "note": f"not run: {reason}"}
+                             for name, reason in unable.items()]
+            for row in rows:
+                if row["num_workers"] == workers:
+                    row["vs_baseline"] = row["images_per_s"] / reference[1]["images_per_s"]
+                    row["vs_ceiling"] = row["images_per_s"] / reference[0]["images_per_s"]
+                    row["page_cache"] = cache
     for row in rows:
         row["note"] = "; ".join(filter(None, [row["note"], f"on {device.type}"]))
     if settings.probe_storage:
-        pack_dir, readers = Path(settings.pack_dir).expanduser(), sorted({1, *(max(1, n) for n in settings.num_workers)})
+        readers = sorted({1, *(max(1, n) for n in settings.num_workers)})
         probed = {format: stores_for(format, source, pack_dir, settings.short_side).train for format in settings.formats}
         rows += storage_rows(probed, readers, {count: decode_rate * min(count, os.cpu_count() or 1) for count in readers})
     with (run_dir / "bench.csv").open("w", newline="") as file:

@@ -5,26 +5,45 @@ hardware JPEG decoder where it applies), then cropped, resized and flipped on th
 Decoded images differ in size, and roi_align wants one tensor: they are laid out side by side on one
 canvas, each with a one-pixel border repeating its own edge so that no crop samples its neighbour.
 """
+import io
 import logging
 import math
 
 import torch
 from torch.nn.functional import pad
 from torchcodec.decoders import decode_jpeg
+from PIL import Image
 from torchvision.ops import roi_align
 
 from ... import options
+from ...core.config import ConfigError
 from ..images import UnreadableImage
 from . import Unreadable, as_stored, decoding, pillow_decode
 from .batch import BatchDecoder, Encoded
 
 log = logging.getLogger(__name__)
 
+# RuntimeErrors that are the device's, not the image's: no CPU decode would mend them (AcceleratorError: torch 2.8+).
+DEVICE_FAULTS = tuple(getattr(torch, name) for name in ("OutOfMemoryError", "AcceleratorError") if hasattr(torch, name))
+
 
 class NvjpegDecoder(BatchDecoder):
     def __init__(self, on_cpu: bool):
         super().__init__(on_cpu)
         self.warned = False  # the first image nvJPEG refuses is logged, not every one
+
+    def check_device(self, device: torch.device) -> None:
+        super().check_device(device)
+        if self.on_cpu:
+            return
+        tiny = io.BytesIO()
+        Image.new("RGB", (16, 16)).save(tiny, "JPEG")
+        try:  # a CPU-only torchcodec (what a plain pip install gives) would leave every image to Pillow
+            decode_jpeg(torch.frombuffer(bytearray(tiny.getvalue()), dtype=torch.uint8), device=device)
+        except RuntimeError as err:
+            raise ConfigError(f"decoder=nvjpeg: this torchcodec does not decode on the GPU ({str(err).splitlines()[0]}):"
+                              f" install torchcodec's CUDA build for this torch, or pick "
+                              f"decoder={options.fastest_cpu_decoder()}") from err
 
     def decode_crops(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> torch.Tensor:
         images = self.decode(encoded, torch.device("cpu") if self.on_cpu else device)
@@ -37,6 +56,8 @@ class NvjpegDecoder(BatchDecoder):
         CPU for each image it refuses (as DALI falls back to the host), so that one odd file never ends the run."""
         try:
             images = decode_jpeg([item.data for item in encoded], mode="RGB", device=device)
+        except DEVICE_FAULTS:
+            raise
         except RuntimeError:
             return [self.decode_one(item, device) for item in encoded]
         return [as_stored(image, item.orientation) for image, item in zip(images, encoded)]
@@ -44,6 +65,8 @@ class NvjpegDecoder(BatchDecoder):
     def decode_one(self, item: Encoded, device: torch.device) -> torch.Tensor:
         try:
             return as_stored(decode_jpeg(item.data, mode="RGB", device=device), item.orientation)
+        except DEVICE_FAULTS:
+            raise
         except RuntimeError as refused:
             if not self.warned:
                 log.warning("nvJPEG refused an image (%s); such images are decoded by Pillow on the CPU",
