@@ -58,13 +58,14 @@ def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp
 
 
 def test_a_staged_row_is_read_from_a_fresh_copy_in_ram_with_its_copy_seconds_and_leaves_none_behind(tiny_root, tmp_path):
-    result = run_bench(tmp_path, tiny_root, "bench.formats=[folder,lmdb]", "bench.decoders=[turbojpeg]",
+    result = run_bench(tmp_path, tiny_root, "bench.formats=[folder,lmdb,litdata]", "bench.decoders=[turbojpeg]",
                        "bench.stagings=[none,tmpfs]", "bench.num_workers=[1]", "bench.probe_storage=false",
                        "bench.batch_size=4")
     assert result.returncode == 0, result.stderr[-3000:]
     with (tmp_path / "bench/bench.csv").open() as file:
         rows = {(row["format"], row["staging"]): row for row in csv.DictReader(file) if row["decoder"] == "turbojpeg"}
-    assert set(rows) == {(format, staging) for format in ("folder", "lmdb") for staging in ("none", "tmpfs")}
+    assert set(rows) == {(format, staging) for format in ("folder", "lmdb") for staging in ("none", "tmpfs")} | {
+        ("litdata", "none")}  # it streams its chunks: no copy of them to read
     for format in ("folder", "lmdb"):
         staged, local = rows[format, "tmpfs"], rows[format, "none"]
         assert staged["staging_s"] != "" and "copied in" in staged["note"] and float(staged["images_per_s"]) > 0

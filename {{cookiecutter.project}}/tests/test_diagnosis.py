@@ -183,6 +183,14 @@ def test_workers_waiting_on_reads_get_the_storage_verdict_and_storage_advice(mac
     assert "order" not in {s.key for s in diagnose(window(0.35), ON_SLOW_STORAGE, hardware, read_in_runs).suggestions}
 
 
+def test_a_format_that_streams_is_told_where_its_chunks_go_not_to_stage_what_it_does_not_copy():
+    streamed = next(name for name in options.options("format") if options.facts("format", name).streams)
+    diagnosis = diagnose(window(0.35), ON_SLOW_STORAGE, AVX2, settings(num_workers=2, choices={"format": streamed}))
+    assert not any(suggestion.key == "staging" for suggestion in diagnosis.suggestions)
+    direction = next(suggestion for suggestion in diagnosis.suggestions if suggestion.key == "format.cache_dir")
+    assert not direction.tunable and options.facts("format", streamed).streams in direction.why
+
+
 @pytest.mark.parametrize("machine", ["avx2", "sm90"])
 def test_workers_busy_decoding_get_the_decode_verdict_and_no_storage_advice(machine):
     folder = settings(num_workers=1, choices={"decoder": "pil", "format": "folder", "staging": "none"})

@@ -39,7 +39,12 @@ def loader_cause(system: dict[str, float]) -> str:
 def storage_side(system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
     """Read from RAM, read in bigger pieces, keep more reads in flight, or read less often."""
     fact, found = reading_fact(system), []
-    if not settings.picked("staging").copies_to_ram:
+    streams = settings.picked("format").streams  # nothing for a staging option to copy: say where its chunks go
+    if streams:
+        found.append(Suggestion("format.cache_dir", None, f"Read the chunks from RAM: format="
+                                f"{settings.choices.get('format') or options.default('format')} {streams}", fact,
+                                "data", tunable=False))
+    elif not settings.picked("staging").copies_to_ram:
         found += [Suggestion("staging", option, "Copy the data into RAM once, if it fits", fact, "data")
                   for option in options.having("staging", "copies_to_ram")]
     if settings.picked("format").reads_runs and not settings.picked("order").in_runs:

@@ -212,7 +212,8 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     with stagings(list(settings.stagings)) as stages:
         staged = {(format, name): timed_staging(partial(stores_for, format, source, pack_dir, settings.short_side),
                                                 stage, copies)
-                  for format in settings.formats for name, (stage, copies) in stages.items()}
+                  for format in settings.formats for name, (stage, copies) in stages.items()
+                  if not (copies and options.facts("format", format).streams)}  # it streams: nothing to copy
         for workers in settings.num_workers:
             cores = max(1, min(workers, os.cpu_count() or 1))
             baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size, workers,
