@@ -80,6 +80,18 @@ def test_a_batch_larger_than_the_data_set_is_one_line(tiny_root, tmp_path):
                                          f"{tiny_root}: pass a smaller bench.batch_size"), result.stderr[-2000:]
 
 
+def test_bench_on_a_tree_of_ones_own_writes_its_packs_in_the_cache_without_being_told_where(tiny_root, tmp_path):
+    """data=imagenet has no cache folder of its own: the packs go where tune's do."""
+    result = subprocess.run(
+        [sys.executable, "-m", f"{PACKAGE}.bench", "data=imagenet", f"data.root={tiny_root}", "data.crop_size=32",
+         "bench.formats=[lmdb]", "bench.decoders=[turbojpeg]", "bench.num_workers=[0]", "bench.batch_size=4",
+         "bench.timed_epochs=1", "bench.probe_storage=false", f"hydra.run.dir={tmp_path / 'bench'}"],
+        cwd=PROJECT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, **QUIET, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "cache" / PACKAGE / "packs" / f"{tiny_root.name}-lmdb").is_dir()
+
+
 def run_bench(tmp_path, root, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", f"{PACKAGE}.bench", "data=imagenet", f"data.root={root}", "data.crop_size=32",
