@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from {{ cookiecutter.package }}.core.config import ConfigError
-from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.core.distributed import ALONE, World
 from {{ cookiecutter.package }}.data.crops import TrainCrop
 from {{ cookiecutter.package }}.data.decoder import decoding
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
@@ -19,7 +19,6 @@ from {{ cookiecutter.package }}.data.staging import no_staging
 from conftest import ODD_FILES
 
 CPU = torch.device("cpu")
-ALONE = World(rank=0, local_rank=0, size=1, device=CPU)
 
 
 def loader(dataset, batch_size: int, train: bool, world: World = ALONE, seed: int = 0, num_workers: int = 0,

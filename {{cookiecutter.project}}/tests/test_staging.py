@@ -4,15 +4,12 @@ import shutil
 import subprocess
 
 import pytest
-import torch
 
 from {{ cookiecutter.package }}.core.config import ConfigError
-from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.core.distributed import ALONE
 from {{ cookiecutter.package }}.data.staging import manifest, tmpfs
 
 from conftest import PROJECT
-
-ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
 
 
 def files(root):

@@ -2,10 +2,9 @@
 import json
 
 import pytest
-import torch
 
 from {{ cookiecutter.package }}.core.config import ConfigError
-from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.core.distributed import ALONE
 from {{ cookiecutter.package }}.data import workers
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
@@ -14,7 +13,6 @@ from {{ cookiecutter.package }}.data.loaders import make_loader
 from {{ cookiecutter.package }}.data.sources import imagenet
 from {{ cookiecutter.package }}.data.staging import no_staging
 
-ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
 SETTINGS = {"prefetch_factor": 2, "pin_memory": False, "persistent_workers": False}
 
 

@@ -43,12 +43,6 @@ class ThreadPrefetcher(Prefetcher):
         super().__init__(loader, to_device)
         self.depth, self.side = depth, None
 
-    def side_stream(self) -> torch.cuda.Stream | None:
-        """One side stream for every pass: the caching allocator reuses memory only on the stream that took it."""
-        if self.side is None and self.to_device.device.type == "cuda":
-            self.side = torch.cuda.Stream(self.to_device.device)
-        return self.side
-
     def __iter__(self) -> Iterator[Batch]:
         ready, stop = queue.Queue(self.depth), threading.Event()
         done = object()
@@ -63,7 +57,9 @@ class ThreadPrefetcher(Prefetcher):
                     continue
             return False
 
-        side = self.side_stream()
+        if self.to_device.device.type == "cuda":  # one for every pass: the caching allocator reuses memory only on
+            self.side = self.side or torch.cuda.Stream(self.to_device.device)  # the stream that took it
+        side = self.side
 
         def fill() -> None:
             try:

@@ -41,9 +41,8 @@ def storage_side(system: dict[str, float], hardware: Hardware, settings: Setting
     fact, found = reading_fact(system), []
     streams = settings.picked("format").streams  # nothing for a staging option to copy: say where its chunks go
     if streams:
-        found.append(Suggestion("format.cache_dir", None, f"Read the chunks from RAM: format="
-                                f"{settings.choices.get('format') or options.default('format')} {streams}", fact,
-                                "data", tunable=False))
+        found.append(Suggestion("format.cache_dir", None, f"Read the chunks from RAM: format={settings.chosen('format')} "
+                                f"{streams}", fact, "data", tunable=False))
     elif not settings.picked("staging").copies_to_ram:
         found += [Suggestion("staging", option, "Copy the data into RAM once, if it fits", fact, "data")
                   for option in options.having("staging", "copies_to_ram")]

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from .. import options
-from ..contracts import Decoder, Order, Staging, Stores
+from ..contracts import Decoder, Order, Stores
 from ..core.config import ConfigError, build, optional_import
 from ..core.distributed import ALONE
 from ..core.files import bytes_in
@@ -151,15 +151,20 @@ def decode_only(root: Path, cpu_decoders: dict[str, CpuDecoder]) -> tuple[str, f
     return fastest, rates[fastest], unreadable[fastest]
 
 
-def stores_for(format: str, source: Source, pack_dir: Path, short_side: int, stage: Staging = no_staging) -> Stores:
-    """The training split in `format`, packed from the source tree on first use, read through `stage`."""
+def format_node(format: str, source: Source, pack_dir: Path, short_side: int) -> DictConfig:
+    """`format`'s config, pointing at its pack of the source tree, written on first use."""
     node, facts = OmegaConf.load(options.CONF / "format" / f"{format}.yaml"), options.facts("format", format)
     if facts.packed:
         node["path"] = str(pack_dir / f"{source.root.name}-{format}")
         if not Path(node["path"]).exists():
             pack(source.root, format, Path(node["path"]), short_side if facts.holds_pixels else None, 90,
                  os.cpu_count() or 1, False, "skip")
-    return build(node, source=source, stage=stage)
+    return node
+
+
+def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> Stores:
+    """The training split in `format`, packed from the source tree on first use."""
+    return build(format_node(format, source, pack_dir, short_side), source=source, stage=no_staging)
 
 
 def orders_for(format: str, names: list[str]) -> dict[str, Order]:
@@ -210,8 +215,8 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
         source.root, cpu_decoders or {fallback: make_decoder(fallback, settings.batch_size, device, {})})
     rows, pack_dir = [], Path(settings.pack_dir).expanduser()
     with stagings(list(settings.stagings)) as stages:
-        staged = {(format, name): timed_staging(partial(stores_for, format, source, pack_dir, settings.short_side),
-                                                stage, copies)
+        staged = {(format, name): timed_staging(partial(build, format_node(format, source, pack_dir, settings.short_side),
+                                                        source=source), stage, copies)
                   for format in settings.formats for name, (stage, copies) in stages.items()
                   if not (copies and options.facts("format", format).streams)}  # it streams: nothing to copy
         for workers in settings.num_workers:

@@ -13,8 +13,6 @@ from .. import options
 from ..contracts import Staging, Stores
 from ..core.config import build
 from ..core.distributed import ALONE
-from ..data.staging import no_staging
-
 
 
 @contextmanager
@@ -22,7 +20,8 @@ def stagings(names: list[str]) -> Iterator[dict[str, tuple[Staging, bool]]]:
     """Each staging option by name, and whether it copies into RAM."""
     built, scratch = {}, []
     for name in names:
-        node, copies = OmegaConf.load(options.CONF / "staging" / f"{name}.yaml"), options.facts("staging", name).copies_to_ram
+        node = OmegaConf.load(options.CONF / "staging" / f"{name}.yaml")
+        copies = options.facts("staging", name).copies_to_ram
         if copies:  # a folder of its own: the copy is timed from scratch, and nothing of it stays in RAM
             node["dir"] = f"{node.dir}-bench-{os.getpid()}"
             scratch.append(Path(node.dir).expanduser())
@@ -34,13 +33,11 @@ def stagings(names: list[str]) -> Iterator[dict[str, tuple[Staging, bool]]]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def timed_staging(read: Callable[[Staging], Stores], stage: Staging, copies: bool) -> tuple[Stores, float | str]:
-    """`read(stage)`, and the seconds its copy took ("" where it copies nothing)."""
-    if not copies:
-        return read(stage), ""
-    read(no_staging)  # a pack the format needs is written before its copy is timed
+def timed_staging(read: Callable[..., Stores], stage: Staging, copies: bool) -> tuple[Stores, float | str]:
+    """`read(stage=stage)`, and the seconds its copy took ("" where it copies nothing); any pack is written already."""
     start = time.perf_counter()
-    return read(stage), time.perf_counter() - start
+    stores = read(stage=stage)
+    return stores, (time.perf_counter() - start if copies else "")
 
 
 def counted(staging_s: float | str, images: int, rate: float, epochs: int) -> str:

@@ -10,9 +10,9 @@ import logging
 import math
 
 import torch
+from PIL import Image
 from torch.nn.functional import pad
 from torchcodec.decoders import decode_jpeg
-from PIL import Image
 from torchvision.ops import roi_align
 
 from ... import options
