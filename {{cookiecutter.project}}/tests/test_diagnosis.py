@@ -6,6 +6,7 @@ import pytest
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core.hardware import Hardware
+from {{ cookiecutter.package }}.diagnosis.ranks import RankTimes, spread, straggler
 from {{ cookiecutter.package }}.diagnosis.verdict import Settings, bound, diagnose
 from {{ cookiecutter.package }}.loop.clock import Window
 
@@ -134,7 +135,7 @@ def test_data_bound_with_idle_cores_asks_for_one_worker_per_core_this_process_ha
     assert diagnosis.verdict.startswith("Data loading is the bottleneck") and "60%" in diagnosis.verdict
     workers = next(suggestion for suggestion in diagnosis.suggestions if suggestion.key == "loader.num_workers")
     assert workers.value == str(count) and f"{count} cores" in workers.fact and "30% busy" in workers.fact
-    assert any("loader.persistent_workers=true" in line for line in diagnosis.advice)
+    assert not any("persistent_workers" in line for line in diagnosis.advice)  # no epoch-start figure: no evidence
     assert not any("model.compile" in line for line in diagnosis.advice)
     enough = diagnose(window(0.6), {"sys/cpu_util": 30.0}, cores(SM90, count), settings(num_workers=count))
     assert "loader.num_workers" not in {suggestion.key for suggestion in enough.suggestions}
@@ -278,3 +279,57 @@ def test_every_switch_the_advice_names_exists():
     for key in ("train.batch_size", "train.log_every", "optim.lr"):  # named without a value
         assert key in lines and OmegaConf.select(keys, key, default="absent") != "absent", key
     assert not re.search(r"=None\b", lines)
+
+
+def epochs(start_s: float, persistent: bool):
+    """A diagnosis of a compute-bound run whose epochs after the first each waited `start_s` for their first batch."""
+    timed = Window(steps=30, images=120, wall_s=3.0, data_s=0.1 + 3 * start_s, epoch_start_s=3 * start_s,
+                   epoch_starts=3)
+    return diagnose(timed, {"sys/cpu_util": 40.0}, AVX2, settings(persistent_workers=persistent))
+
+
+def test_workers_started_again_at_every_epoch_are_named_only_when_the_epoch_start_costs_a_share_of_it():
+    restarting = epochs(start_s=0.2, persistent=False)  # 0.6 s of 3 s: 20%
+    (keep,) = [suggestion for suggestion in restarting.suggestions if suggestion.key == "loader.persistent_workers"]
+    assert keep.value == "true" and keep.tunable
+    assert "waited 200 ms for its first batch, 20% of the time" in keep.fact and "(or start fewer)" in keep.why
+    assert "loader.persistent_workers" not in switches(epochs(start_s=0.01, persistent=False))  # 1%: noise
+    assert not any("persistent_workers" in line for line in epochs(start_s=0.2, persistent=True).advice)
+
+
+def ranks_waiting(*data_fracs: float, host_frac: float = 0.0) -> list[RankTimes]:
+    return [RankTimes(rank, f"node{rank}", Window(steps=10, images=40, wall_s=1.0, data_s=data, host_s=host_frac))
+            for rank, data in enumerate(data_fracs)]
+
+
+def test_a_rank_that_waits_for_data_far_more_than_the_others_is_named_with_its_host_and_no_global_switch():
+    ranks = ranks_waiting(0.03, 0.41, 0.05, 0.04)
+    diagnosis = diagnose(ranks[1].window, {"sys/cpu_util": 30.0}, cores(SM90, 8), DEFAULTS, ranks)
+    assert diagnosis.bound == "data"
+    assert diagnosis.verdict == ("Rank 1 on host node1 holds the others back: it waited for data 41% of the time; "
+                                 "the others 3-5%.")
+    (look,) = diagnosis.suggestions
+    assert look.key == "data.root" and look.value is None and not look.tunable and "host node1's disk" in look.why
+    assert "rank 1" not in look.why and "41%" in look.fact
+
+
+@pytest.mark.parametrize("shares", [(0.03, 0.05), (0.40, 0.45), (0.05, 0.30, 0.10, 0.32), (0.12,)])
+def test_no_rank_is_named_when_none_stands_out_of_the_others_spread(shares):
+    ranks = ranks_waiting(*shares)
+    assert straggler(ranks) is None
+    assert not diagnose(ranks[0].window, {"sys/cpu_util": 30.0}, SM90, DEFAULTS, ranks).verdict.startswith("Rank")
+
+
+def test_a_rank_whose_gpu_waits_on_its_host_points_at_that_hosts_cores():
+    ranks = ranks_waiting(0.02, 0.02, host_frac=0.0)
+    ranks[0] = RankTimes(0, "node0", Window(steps=10, images=40, wall_s=1.0, data_s=0.02, host_s=0.35))
+    lagging = straggler(ranks)
+    assert (lagging.times.rank, lagging.side) == (0, "host")
+    assert "host node0's cores" in lagging.suggestion().why
+
+
+def test_the_spread_of_one_window_names_the_extremes_and_the_rank_that_idled_most():
+    ranks = ranks_waiting(0.03, 0.41, 0.05)
+    assert spread([times.window for times in ranks]) == pytest.approx({
+        "ranks/data_frac_max": 0.41, "ranks/data_frac_min": 0.03, "ranks/host_frac_max": 0.0,
+        "ranks/host_frac_min": 0.0, "ranks/slowest": 1.0})

@@ -5,6 +5,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import zlib
 
 import pytest
@@ -13,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from {{ cookiecutter.package }}.core.config import ConfigError, rank_suffix, run_name
 from {{ cookiecutter.package }}.core.distributed import restart_store
 from {{ cookiecutter.package }}.core.failures import explain
+from {{ cookiecutter.package }}.core.forensics import Forensics
 
 from conftest import (
     CONF,
@@ -192,18 +194,30 @@ def test_a_loader_worker_killed_in_one_process_lets_torchrun_restart_the_group(t
     assert summary(run_dir)["steps"] == STEPS_WITH_TWO_PROCESSES
 
 
-@pytest.mark.full
-def test_a_process_that_stops_answering_fails_the_collective_instead_of_hanging(tmp_path, cache_dir, tiny_root):
+def test_a_process_that_stops_answering_fails_the_collective_and_the_healthy_one_tells_where_it_waited(
+        tmp_path, cache_dir, tiny_root):
     run_dir = tmp_path / "run"
-    process, ranks = two_processes_past_a_checkpoint(run_dir, ("distributed.timeout_min=0.3",), 0, cache_dir,
-                                                     tiny_root)
+    process, ranks = two_processes_past_a_checkpoint(
+        run_dir, ("distributed.timeout_min=0.3", "distributed.stall_min=0.1"), 0, cache_dir, tiny_root)
     ranks["1"].suspend()  # alive but silent, as a process stuck in a driver call would be
+    suspended = time.monotonic()
     # 18 s (long enough for a checkpoint on a busy machine) for the collective, then torchrun's 30 s grace
     stderr = finish(process, timeout=150)
+    assert time.monotonic() - suspended < 18 + 30 + 15  # a few seconds for the processes to end
     assert process.returncode == 1, stderr[-3000:]
+    stacks = run_dir / "stacks-rank0.txt"
     # gloo names the timeout, or, when the op that timed out was DDP's own, the link that timeout closed
     assert re.search(r"error: a collective across the processes failed \((Timed out waiting 18000ms|Application "
-                     r"timeout caused pair closure).*; resume=auto continues from step \d+", stderr), stderr[-3000:]
+                     r"timeout caused pair closure).*; resume=auto continues from step \d+; where every thread "
+                     rf"stood: {re.escape(str(stacks))}$", stderr, re.MULTILINE), stderr[-3000:]
+    stall, failure = stacks.read_text().split("\n==== ")[:2]
+    # After 6 s without a step (distributed.stall_min) the watchdog found the main thread inside a collective ...
+    assert "no progress for" in stall and WAITING_CALL.search(stall.split("--- thread MainThread ---")[1])
+    # ... and the failure's own section has the call that timed out.
+    assert "a collective across the processes failed" in failure and WAITING_CALL.search(failure)
+
+
+WAITING_CALL = re.compile(r"in (all_reduce|_engine_run_backward|backward)\n")  # our window's all-reduce, or DDP's
 
 
 @pytest.mark.parametrize("reported", ["[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting "
@@ -215,6 +229,27 @@ def test_both_of_gloos_wordings_of_a_timeout_are_a_collective_failure(reported):
     assert line.startswith(f"a collective across the processes failed ({reported.split('] ')[-1]}): another process")
     assert line.endswith("; resume=auto continues from step 12")
     assert explain(RuntimeError("Application error of our own")) is None  # a bug keeps its traceback
+
+
+def in_a_collective(timeout: str) -> None:
+    raise RuntimeError(f"[../third_party/gloo/gloo/transport/tcp/pair.cc:534] {timeout}")
+
+
+def test_a_failed_collective_leaves_the_failing_call_and_every_thread_and_its_line_names_the_file(tmp_path):
+    forensics = Forensics(tmp_path, stall_min=10.0, stall_exit=False)
+    with pytest.raises(RuntimeError) as raised:
+        in_a_collective("Timed out waiting 18000ms for recv operation to complete")
+    forensics.record(raised.value)
+    stacks = tmp_path / "stacks-rank0.txt"
+    assert explain(raised.value).endswith(f"; where every thread stood: {stacks}")
+    text = stacks.read_text()
+    assert text.startswith("==== rank 0, pid ") and ": a collective across the processes failed ====" in text
+    assert text.index("--- the failing call ---") < text.index("in in_a_collective") < text.index("--- thread ")
+    forensics.record(raised.value)  # a second failure adds its own section to the same file
+    assert stacks.read_text().count("==== rank 0") == 2
+    bug = ValueError("ours")
+    forensics.record(bug)  # a bug is not a collective's failure: no stacks, its traceback says enough
+    assert not hasattr(bug, "stacks_file") and stacks.read_text().count("==== rank 0") == 2
 
 
 @pytest.mark.full
@@ -289,3 +324,30 @@ dist.destroy_process_group()
                             env={**os.environ, "PORT": str(port)})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "backend nccl sum [2.0, 2.0, 2.0] grad True" in result.stdout
+
+
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2")
+
+
+@pytest.mark.parametrize("fault", [(), ("faults.rank=1", "faults.read_delay_ms=40")],
+                         ids=["no fault", "rank 1 reads slowly"])
+def test_the_report_names_the_one_rank_that_holds_the_others_back(fault, tmp_path, train_cli):
+    """2 processes of 6 steps, 3 logging windows each; with the fault, each of rank 1's images takes 40 ms more."""
+    run_dir = tmp_path / "run"
+    train_cli(run_dir, "data.train_per_class=16", "logger=jsonl", *fault, launcher=TORCHRUN, env=TWO_PROCESSES)
+    result = summary(run_dir)
+    assert [(times["rank"], times["host"]) for times in result["ranks"]] == [(0, socket.gethostname())] * 1 + [
+        (1, socket.gethostname())]
+    slow, fast = result["ranks"][1]["data_frac"], result["ranks"][0]["data_frac"]
+    if fault:
+        assert result["verdict"].startswith(f"Rank 1 on host {socket.gethostname()} holds the others back: it waited "
+                                            f"for data {100 * slow:.0f}% of the time; the other {100 * fast:.0f}%.")
+        assert [suggestion["key"] for suggestion in result["suggestions"]] == ["data.root"]
+    else:
+        assert not result["verdict"].startswith("Rank"), result["verdict"]
+    windows = [json.loads(line) for line in (run_dir / "scalars.jsonl").read_text().splitlines()]
+    spreads = [window for window in windows if "ranks/slowest" in window]
+    assert len(spreads) == 3 and all(window["ranks/data_frac_max"] >= window["ranks/data_frac_min"]
+                                     for window in spreads)
+    if fault:
+        assert [window["ranks/slowest"] for window in spreads] == [1.0] * 3

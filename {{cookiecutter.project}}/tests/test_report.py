@@ -24,13 +24,15 @@ def test_every_timing_figure_comes_from_the_process_the_others_waited_for():
     windows = [(Window(5, 40, 9.0, 9.0, 0.0), {"sys/cpu_util": 1.0}),  # start-up: left out
                (Window(10, 80, 2.0, 0.5, 0.1), {"sys/cpu_util": 50.0}),
                (Window(10, 80, 2.0, 0.3, 0.1), {"sys/cpu_util": 70.0})]
-    total, system, rank = run_totals(windows, World(0, 0, 1, CPU))
+    total, system, rank, splits = run_totals(windows, World(0, 0, 1, CPU))
     assert (total.steps, total.images, total.wall_s, total.data_s, total.host_s, rank) == (20, 160, 4.0, 0.8, 0.2, 0)
-    assert system == {"sys/cpu_util": 60.0}
-    rows = [[20, 160, 4.0, 0.8, 0.2, 60.0], [20, 160, 4.1, 1.5, 0.4, 90.0], [20, 160, 4.0, 1.6, 0.1, 10.0]]
-    total, system, rank = run_totals(windows, Ranks(rows))
+    assert system == {"sys/cpu_util": 60.0} and splits == [total]
+    rows = [[20, 160, 4.0, 0.8, 0.2, 0, 0, 60.0], [20, 160, 4.1, 1.5, 0.4, 0, 0, 90.0],
+            [20, 160, 4.0, 1.6, 0.1, 0, 0, 10.0]]
+    total, system, rank, splits = run_totals(windows, Ranks(rows))
     assert rank == 1 and (total.wall_s, total.data_s, total.host_s) == (4.1, 1.5, 0.4) and system == {
         "sys/cpu_util": 90.0}
+    assert [split.data_s for split in splits] == [0.8, 1.5, 1.6]
 
 
 def test_a_figure_the_system_monitor_stopped_giving_midway_is_left_out_not_a_crash():
@@ -39,7 +41,7 @@ def test_a_figure_the_system_monitor_stopped_giving_midway_is_left_out_not_a_cra
     windows = [(Window(5, 40, 9.0, 9.0, 0.0), {"sys/cpu_util": 1.0, "sys/gpu_util": 80.0}),
                (Window(10, 80, 2.0, 0.5, 0.1), {"sys/cpu_util": 50.0, "sys/gpu_util": 90.0}),
                (Window(10, 80, 2.0, 0.3, 0.1), {"sys/cpu_util": 70.0})]  # NVML failed: gpu_util is gone from here on
-    _, system, _ = run_totals(windows, World(0, 0, 1, CPU))
+    _, system, _, _ = run_totals(windows, World(0, 0, 1, CPU))
     assert system == {"sys/cpu_util": 60.0}
 
 
@@ -53,3 +55,15 @@ def test_the_report_lists_the_suggestions_then_what_this_machine_should_not_flip
     text = format_report(summary)
     assert text.index("next:") < text.index("Compute sets the pace") < text.index("not for this machine:")
     assert "  - precision=bf16: Not advised here: bf16 autocast is emulated (AMD EPYC has no native bf16)." in text
+
+
+def test_a_report_of_several_processes_gives_each_shares_range_and_every_epochs_start():
+    summary = {"images_per_s": 50.0, "steps": 30, "data_ms": 10.0, "data_frac": 0.41, "host_ms": 0.0, "host_frac": 0.0,
+               "compute_ms": 5.0, "bound": "data", "system": {}, "val_top1": 50.0, "val_top5": 90.0,
+               "skipped_files": 0, "verdict": "Rank 1 on host b holds the others back.", "advice": [],
+               "processes": 2, "timing_rank": 1, "epoch_start_ms": [900.0, 35.0],
+               "ranks": [{"rank": 0, "host": "a", "data_frac": 0.03, "host_frac": 0.0},
+                         {"rank": 1, "host": "b", "data_frac": 0.41, "host_frac": 0.01}]}
+    text = format_report(summary)
+    assert "ranks        data wait 3-41% (highest: rank 1 on b), host 0-1% (highest: rank 1 on b)" in text
+    assert "epoch start  900 / 35 ms to each epoch's first batch" in text

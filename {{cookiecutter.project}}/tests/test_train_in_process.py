@@ -1,6 +1,7 @@
 """train() called as a function on debug=tiny: the whole loop in seconds, and every bad command line refused in one
 line before anything is written. The fast tier's run; the command-line runs are in test_train.py."""
 import json
+import re
 import signal
 
 import pytest
@@ -12,6 +13,7 @@ from omegaconf import open_dict
 
 from {{ cookiecutter.package }}.core.distributed import setup
 from {{ cookiecutter.package }}.core.failures import explain
+from {{ cookiecutter.package }}.core.forensics import Forensics
 from {{ cookiecutter.package }}.core.hardware import Hardware, probe
 from {{ cookiecutter.package }}.train import train
 
@@ -33,7 +35,8 @@ def train_in_process(cache_dir, tiny_root, packs, tmp_path, monkeypatch):
             HydraConfig.instance().set_config(cfg)
             with open_dict(cfg):  # the task's config, as hydra.main hands it over
                 del cfg["hydra"]
-            return train(cfg, run_dir, setup(1.0))
+            return train(cfg, run_dir, setup(1.0), Forensics(run_dir, cfg.distributed.stall_min,
+                                                             cfg.distributed.stall_exit))
 
     run.run_dir = run_dir
     yield run
@@ -60,6 +63,34 @@ def test_a_run_in_blocks_trains_every_step_and_keeps_the_layout_its_epoch_was_dr
     assert summary["steps"] == 6 and summary["skipped_files"] == 0
     saved = torch.load(train_in_process.run_dir / "last.pt", weights_only=False)
     assert saved["loader"] == {"layout": {"processes": 1, "workers": 2, "batch_size": 4}}
+
+
+def test_workers_started_again_at_every_epoch_show_in_its_start_and_get_named(train_in_process):
+    """3 epochs of 3 steps with 2 workers: without persistent workers each epoch starts them again, a good share of
+    so short an epoch."""
+    shrunk = ("data.train_per_class=4", "loader.num_workers=2", "train.epochs=3")
+    restarting = train_in_process(*shrunk, "loader.persistent_workers=false")
+    kept = train_in_process(*shrunk, "loader.persistent_workers=true")
+    assert len(restarting["epoch_start_ms"]) == len(kept["epoch_start_ms"]) == 3
+    assert sum(restarting["epoch_start_ms"][1:]) > sum(kept["epoch_start_ms"][1:])
+    (keep,) = [suggestion for suggestion in restarting["suggestions"] if suggestion["key"] == "loader.persistent_workers"]
+    assert keep["value"] == "true" and "ms for its first batch" in keep["fact"]
+    assert "loader.persistent_workers" not in {suggestion["key"] for suggestion in kept["suggestions"]}
+
+
+def test_a_step_that_does_not_come_leaves_every_threads_stack_and_the_run_goes_on(train_in_process, caplog):
+    """Each forward pass sleeps 1.5 s (faults.host_delay_ms): four times the 0.36 s distributed.stall_min allows."""
+    summary = train_in_process("faults.host_delay_ms=1500", "distributed.stall_min=0.006", "train.max_steps=2",
+                               "train.limit_val_batches=1")
+    assert summary["steps"] == 2
+    stacks = (train_in_process.run_dir / "stacks-rank0.txt").read_text()
+    assert re.search(r"^==== rank 0, pid \d+, .*: no progress for \d+ s \(distributed.stall_min=0.006\) ====$",
+                     stacks, re.MULTILINE)
+    main = stacks.split("--- thread MainThread ---", 1)[1].split("--- thread ", 1)[0]
+    assert "time.sleep(host_delay_ms / 1000)" in main  # where the main thread stood: the injected sleep
+    assert "--- thread stall-watchdog (this one) ---" in stacks
+    assert any("every thread's stack is in" in record.getMessage() and record.levelname == "WARNING"
+               for record in caplog.records)
 
 
 @pytest.mark.parametrize("overrides", BAD_INPUT.values(), ids=BAD_INPUT.keys())

@@ -24,8 +24,10 @@ from .core import distributed, failures, faults
 from .core.config import build, check
 from .core.distributed import World
 from .core.files import write_atomic
+from .core.forensics import Forensics
 from .core.hardware import probe
 from .data.loaders import make_loaders
+from .diagnosis.ranks import spread
 from .diagnosis.report import format_report, summarize
 from .diagnosis.sysmon import SystemMonitor
 from .loop import cudnn
@@ -42,19 +44,19 @@ from .loop.run import Run, keep_progress
 log = logging.getLogger(__name__)
 
 
-def make_run(cfg: DictConfig, run_dir: Path, world: World) -> Run:
+def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) -> Run:
     """Build data, model and helpers; everything that can refuse the config does so before any file is written."""
-    device = world.device
+    device, injected = world.device, faults.on_rank(cfg.faults, world.rank)
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.order, cfg.decoder, cfg.prefetcher, cfg.loader,
                            batch_size=cfg.train.batch_size, seed=cfg.seed, world=world, memory_format=memory_format,
-                           worker_error_at=cfg.faults.worker_error_at, read_delay_ms=cfg.faults.read_delay_ms)
+                           worker_error_at=injected.worker_error_at, read_delay_ms=injected.read_delay_ms)
     hardware = probe(device)
     precision = make_precision(cfg.precision, device, hardware)
     model = world.wrap(build(cfg.model, data_classes=len(loaders.classes)).to(device), cfg.distributed.sync_bn)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
                      precision, memory_format)
-    faults.slow_host(model, cfg.faults.host_delay_ms)
+    faults.slow_host(model, injected.host_delay_ms)
     optimizer = build(cfg.optim, model=model)
     steps_per_epoch = len(loaders.train)
     total_steps = steps_per_epoch * cfg.train.epochs
@@ -72,7 +74,8 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World) -> Run:
               sysmon=SystemMonitor(device, loaders.splits.train.times),
               logger=build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
               profiler=build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
-              checkpoints=Checkpoints(run_dir, writes), stop=StopRequest(), world=world, hardware=hardware,
+              checkpoints=Checkpoints(run_dir, writes), stop=StopRequest(), forensics=forensics, world=world,
+              hardware=hardware,
               log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
               identity=identity)
@@ -98,12 +101,16 @@ def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
             "time/data_ms": window.data_ms, "time/host_ms": window.host_ms, "time/compute_ms": window.compute_ms,
             "time/data_frac": window.data_frac, "time/host_frac": window.host_frac,
             "throughput/images_per_s": window.images_per_s, "train/skipped_steps": run.precision.skipped.item(),
-            **system}, run.step)
+            **({"time/epoch_start_ms": 1000 * window.epoch_start_s / window.epoch_starts} if window.epoch_starts
+               else {}), **system}, run.step)
         bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%, "
                             f"host {100 * window.host_frac:.0f}%")
         loss_sum.zero_()
+    ranks, stop_anywhere = run.share_window(window)  # every rank, every window: they stop together or not at all
+    if run.world.size > 1 and all(split.steps for split in ranks):
+        run.logger.scalars(spread(ranks), run.step)
     run.loaders.share_unreadable(run.world)
-    run.stop.check(run.world)  # every rank, every window: they stop together or not at all
+    run.stop.check(stop_anywhere)
 
 
 def train_one_epoch(run: Run, epoch: int) -> bool:
@@ -113,7 +120,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     batches_left = len(run.loaders.train)
     loss_sum = torch.zeros((), device=run.device)
     run.clock.start()
-    bar = tqdm(run.clock.timed(run.loaders.train), total=batches_left, desc=f"epoch {epoch}", mininterval=2,
+    bar = tqdm(run.forensics.watch(run.clock.timed(run.loaders.train)), total=batches_left, desc=f"epoch {epoch}", mininterval=2,
                dynamic_ncols=True, disable=not run.world.is_main)
     for images, labels in bar:
         with run.precision.autocast():
@@ -135,7 +142,8 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
 
 
 def validate(run: Run) -> tuple[float, float]:
-    top1, top5 = evaluate(run.model, run.loaders.val, run.precision, run.world, run.limit_val_batches)
+    top1, top5 = evaluate(run.model, run.forensics.watch(run.loaders.val), run.precision, run.world,
+                          run.limit_val_batches)
     run.logger.scalars({"val/top1": top1, "val/top5": top5}, run.step)
     log.info("epoch %d step %d: val top-1 %.2f%%, top-5 %.2f%%", run.epoch, run.step, top1, top5)
     return top1, top5
@@ -150,10 +158,11 @@ def run_epochs(run: Run, epochs: int) -> tuple[float, float]:
                 run.epoch, run.images_in_epoch = run.epoch + 1, 0
             scores = validate(run)
             run.checkpoints.save(run.state())
+            run.forensics.progress()
     return scores or validate(run)  # a resumed run that had nothing left still reports its accuracy
 
 
-def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
+def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) -> dict:
     check(cfg)
     cudnn.configure(cfg.cudnn)
     random.seed(cfg.seed)
@@ -161,10 +170,11 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
     torch.manual_seed(cfg.seed)
     failures.worker_deaths_surface_in_next()
     began = time.perf_counter()
-    run = make_run(cfg, run_dir, world)
+    run = make_run(cfg, run_dir, world, forensics)
     run.logger.scalars({"time/setup_s": time.perf_counter() - began}, run.step)  # data, model, compile, workers=auto
     try:
-        top1, top5 = run_epochs(run, cfg.train.epochs)
+        with forensics.watching(run.stop):
+            top1, top5 = run_epochs(run, cfg.train.epochs)
     except Preempted as stop:
         run.checkpoints.save(run.state())
         log.info("stopped by %s at step %d (epoch %d, %d images into it); checkpoint saved: continue with resume=auto "
@@ -187,8 +197,9 @@ def train(cfg: DictConfig, run_dir: Path, world: World) -> dict:
 @record  # inside hydra.main, which would otherwise swallow the exception: torchrun's summary gets the traceback
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    failures.one_line(lambda: train(cfg, run_dir, distributed.setup(cfg.distributed.timeout_min)),
-                      finish=distributed.teardown)
+    forensics = Forensics(run_dir, cfg.distributed.stall_min, cfg.distributed.stall_exit)
+    failures.one_line(lambda: train(cfg, run_dir, distributed.setup(cfg.distributed.timeout_min, run_dir), forensics),
+                      finish=distributed.teardown, record=forensics.record)
 
 
 if __name__ == "__main__":

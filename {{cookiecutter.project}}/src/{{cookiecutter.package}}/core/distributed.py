@@ -4,7 +4,9 @@
 """
 import datetime
 import os
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -49,6 +51,13 @@ class World:
             dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return float(tensor.item())
 
+    def hosts(self) -> list[str]:
+        """Every process's host name, in rank order."""
+        names = [socket.gethostname()] * self.size
+        if self.size > 1:
+            dist.all_gather_object(names, names[self.rank])
+        return names
+
     def wrap(self, model: torch.nn.Module, sync_bn: bool) -> torch.nn.Module:
         """DDP around the model when there are several processes; BatchNorm statistics shared if `sync_bn`."""
         if self.size == 1:
@@ -61,11 +70,11 @@ class World:
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))  # one process on the CPU, as the tools read
 
 
-def setup(timeout_min: float = 30.0) -> World:
+def setup(timeout_min: float = 30.0, run_dir: Path | None = None) -> World:
     """Read torchrun's RANK, LOCAL_RANK and WORLD_SIZE; join the process group (NCCL on GPUs, gloo on CPUs).
 
     A collective, or joining the group, that waits longer than `timeout_min` fails instead of hanging,
-    so that torchrun can restart the workers.
+    so that torchrun can restart the workers. With NCCL, the flight recorder dumps into `run_dir` on a timeout.
     """
     if "RANK" not in os.environ and "SUBMITIT_EXECUTOR" in os.environ:  # a Slurm task of hydra/launcher=slurm
         import submitit
@@ -79,10 +88,28 @@ def setup(timeout_min: float = 30.0) -> World:
     else:
         device = torch.device("cpu")
     if size > 1 and not dist.is_initialized():
+        if device.type == "cuda" and run_dir is not None:
+            record_flight(run_dir)
         timeout = datetime.timedelta(minutes=timeout_min)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
                                 store=restart_store(timeout), rank=rank, world_size=size)
     return World(rank, local_rank, size, device)
+
+
+FLIGHT_RECORDER_ENTRIES = 2000  # collectives kept per rank, as torchtitan keeps them
+
+
+def record_flight(run_dir: Path) -> None:
+    """Turn on PyTorch's NCCL flight recorder (before the group starts): each rank keeps its last collectives, with
+    their state and call stacks, and writes them to `run_dir`/nccl_trace_rank_<N> when a collective times out.
+    Read the dumps with `python -m torch.distributed.flight_recorder.fr_trace <run_dir> --prefix nccl_trace_rank_`.
+    What the user set in the environment wins. Both names of each setting: PyTorch renamed them in 2.7."""
+    for names, value in ((("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"), str(FLIGHT_RECORDER_ENTRIES)),
+                         (("TORCH_NCCL_DUMP_ON_TIMEOUT",), "1"),
+                         (("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+                          str(run_dir / "nccl_trace_rank_"))):
+        if not any(name in os.environ for name in names):
+            os.environ.update(dict.fromkeys(names, value))
 
 
 def restart_store(timeout: datetime.timedelta) -> dist.Store | None:

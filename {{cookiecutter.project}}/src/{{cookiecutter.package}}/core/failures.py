@@ -63,6 +63,8 @@ def explain(err: BaseException) -> str | None:
     """The one line for a failure a user can cause or meet, with the way to continue; None for a bug."""
     resume = getattr(err, "resume_step", None)
     resume = f"; resume=auto continues from step {resume}" if resume is not None else ""
+    stacks = getattr(err, "stacks_file", None)  # see forensics.py
+    resume += f"; where every thread stood: {stacks}" if stacks is not None else ""
     died = WORKER_DIED.search(str(err))
     collective = collective_failure(err)
     if isinstance(err, ClearError):
@@ -88,13 +90,15 @@ def explain(err: BaseException) -> str | None:
 Result = TypeVar("Result")
 
 
-def one_line(body: Callable[[], Result], finish: Callable[[], None] = lambda: None) -> Result:
+def one_line(body: Callable[[], Result], finish: Callable[[], None] = lambda: None,
+             record: Callable[[BaseException], None] = lambda err: None) -> Result:
     """A command's body, run so that every way out is designed: a failure the user can act on exits with its
     `error:` line (the traceback goes to the log file), a bug keeps its traceback, and this process's workers
-    end, then `finish` runs, whichever way it went."""
+    end, then `finish` runs, whichever way it went. `record` sees the failure first (forensics.py)."""
     try:
         return body()
     except BaseException as err:  # noqa: BLE001 - what the user can act on becomes one line; a bug re-raises
+        record(err)
         line = explain(err)
         log_traceback(err)
         if line is None:

@@ -8,14 +8,33 @@ a failure ends the run in one line with nothing lost.
 - `faults.read_delay_ms=20` makes each training image take that much longer to load, in the loader worker:
   a slow disk or decoder, which more workers hide; the report must call the run data-bound, and `tune`
   must find the workers.
+- `faults.rank=1` keeps them all to one process of a torchrun job, as a slow disk on one node would: the
+  report must name that rank as the one the others wait for.
 """
 import multiprocessing
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+from omegaconf import DictConfig
 
 from .config import ClearError
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The faults this process injects."""
+    host_delay_ms: float = 0.0
+    worker_error_at: int = -1
+    read_delay_ms: float = 0.0
+
+
+def on_rank(cfg: DictConfig, rank: int) -> Faults:
+    """The `faults.*` asked for, where `faults.rank` names this process or every one (-1); none elsewhere."""
+    if cfg.rank not in (-1, rank):
+        return Faults()
+    return Faults(cfg.host_delay_ms, cfg.worker_error_at, cfg.read_delay_ms)
 
 
 class InjectedFault(ClearError):

@@ -13,6 +13,7 @@ from ..core.distributed import World
 from ..core.hardware import cpu_description
 from ..loop.clock import Window
 from ..loop.run import Run
+from .ranks import RankTimes
 from .verdict import Settings, diagnose
 
 
@@ -32,8 +33,9 @@ def environment(device: torch.device) -> dict[str, str]:
             "device": f"{device.type}: {name}", "cpu_cores": str(os.cpu_count())}
 
 
-def run_totals(windows: list[tuple[Window, dict[str, float]]], world: World) -> tuple[Window, dict[str, float], int]:
-    """The run's split and system figures, all from one process, and its rank.
+def run_totals(windows: list[tuple[Window, dict[str, float]]],
+               world: World) -> tuple[Window, dict[str, float], int, list[Window]]:
+    """The run's split and system figures, all from one process, its rank, and every rank's split.
 
     That process is the one whose device sat idle longest (data stall plus host overhead): under DDP the
     others wait for it at every gradient all-reduce. The first window (worker start-up, allocator warm-up)
@@ -46,9 +48,15 @@ def run_totals(windows: list[tuple[Window, dict[str, float]]], world: World) -> 
     fields = [field.name for field in dataclasses.fields(Window)]
     rows = [dict(zip([*fields, *tags], row)) for row in world.gather([*dataclasses.astuple(total), *system])]
     rank = max(range(len(rows)), key=lambda index: rows[index]["data_s"] + rows[index]["host_s"])
-    timed = rows[rank]
-    return (Window(**{name: type(getattr(total, name))(timed[name]) for name in fields}),
-            {tag: timed[tag] for tag in tags}, rank)
+    splits = [Window(**{name: type(getattr(total, name))(row[name]) for name in fields}) for row in rows]
+    return splits[rank], {tag: rows[rank][tag] for tag in tags}, rank, splits
+
+
+def spread(ranks: list[dict], share: str) -> str:
+    """The range of a share across the ranks, with the rank at its top."""
+    top = max(ranks, key=lambda times: times[share])
+    return (f"{100 * min(times[share] for times in ranks):.0f}-{100 * top[share]:.0f}% (highest: rank {top['rank']} on "
+            f"{top['host']})")
 
 
 def format_report(summary: dict) -> str:
@@ -66,6 +74,10 @@ def format_report(summary: dict) -> str:
         f"compute      {summary['compute_ms']:.1f} ms/step",
         f"bound        {summary['bound']}",
         f"system       {system}",
+        *([f"ranks        data wait {spread(summary['ranks'], 'data_frac')}, host {spread(summary['ranks'], 'host_frac')}"]
+          if processes > 1 else []),
+        *([f"epoch start  {' / '.join(f'{ms:.0f}' for ms in summary['epoch_start_ms'])} ms to each epoch's first batch"]
+          if summary.get("epoch_start_ms") else []),
         f"validation   top-1 {summary['val_top1']:.1f}%  top-5 {summary['val_top5']:.1f}%",
         f"skipped      {summary['skipped_files']} unreadable files",
         f"verdict      {summary['verdict']}",
@@ -80,14 +92,15 @@ def format_report(summary: dict) -> str:
 def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, hydra_cfg: DictConfig) -> dict:
     """The run's figures, every timing one from the same process (see run_totals), with the verdict; `hydra_cfg`
     says which options were picked and with which overrides."""
-    total, system, timing_rank = run_totals(run.windows, run.world)
+    total, system, timing_rank, splits = run_totals(run.windows, run.world)
+    ranks = [RankTimes(rank, host, split) for rank, (host, split) in enumerate(zip(run.world.hosts(), splits))]
     choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if not group.startswith("hydra")}
     settings = Settings(num_workers=run.loaders.num_workers, prefetch_factor=cfg.loader.prefetch_factor,
                         pin_memory=cfg.loader.pin_memory, persistent_workers=cfg.loader.persistent_workers,
                         batch_size=cfg.train.batch_size, log_every=cfg.train.log_every, precision=cfg.precision,
                         channels_last=cfg.model.channels_last, compile=cfg.model.compile, cudnn=cfg.cudnn,
                         crop_size=cfg.data.crop_size, choices=choices)
-    diagnosis = diagnose(total, system, run.hardware, settings)
+    diagnosis = diagnose(total, system, run.hardware, settings, ranks)
     return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "host_ms": total.host_ms,
             "compute_ms": total.compute_ms, "data_frac": total.data_frac, "host_frac": total.host_frac,
             "data_cost": diagnosis.data_cost,
@@ -97,5 +110,8 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, hydra_cfg: Di
             "hardware": run.hardware.record(),
             "val_top1": top1, "val_top5": top5, "steps": run.step, "skipped_files": run.loaders.skipped_files(run.world),
             "skipped_steps": int(run.precision.skipped), "processes": run.world.size, "timing_rank": timing_rank,
+            "ranks": [times.record() for times in ranks],
+            "epoch_start_ms": [1000 * window.epoch_start_s / window.epoch_starts for window, _ in run.windows
+                               if window.epoch_starts],
             "choices": choices, "overrides": list(hydra_cfg.overrides.task), "system": system,
             "env": environment(run.device)}

@@ -5,6 +5,7 @@ into a bound, a verdict and `Suggestion` records. The report's English, summary.
 those records; each names the measurement or hardware fact that makes it apply here. A switch this
 machine cannot profit from (bf16 where it is emulated) is not suggested; it is `withheld`, with its fact.
 """
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import options
@@ -12,6 +13,7 @@ from ..core.hardware import Hardware
 from ..data.crops import TrainCrop
 from ..loop.clock import Window
 from .advice import Settings, Suggestion
+from .ranks import RankTimes, straggler
 from .storage import loader_cause, storage_limits, storage_side
 
 NOTICEABLE = 0.10  # a share of the time below this, waiting for data or for the host, is noise
@@ -19,6 +21,7 @@ BOUND = 0.30  # from this share on, that wait sets the pace
 CPU_SATURATED = 85.0  # percent of all cores
 FEW_STEPS_PER_SYNC = 50  # train.log_every below this syncs often enough to show in a host-bound run
 SIDES = ("data", "host", "compute")
+EPOCH_START_SHARE = 0.03  # each epoch's wait for its first batch, from this share of the time on, is worth a switch
 
 
 @dataclass
@@ -54,11 +57,17 @@ def bound(shares: dict[str, float]) -> str:
     return name if share >= NOTICEABLE else "compute"
 
 
-def diagnose(total: Window, system: dict[str, float], hardware: Hardware, settings: Settings) -> Diagnosis:
+def diagnose(total: Window, system: dict[str, float], hardware: Hardware, settings: Settings,
+             ranks: Sequence[RankTimes] = ()) -> Diagnosis:
     """The bound, a one-sentence verdict and the switches that fit, from the measured split, system load,
     options and hardware. The suggestions for the bound come first, then those for the other idle share if
-    it is noticeable too."""
+    it is noticeable too. A rank that holds the others back (`ranks`: every rank's split) gets the verdict, and
+    a look at its host instead of switches that act on every rank."""
     shares = costs(total, system, hardware)
+    lagging = straggler(ranks)
+    if lagging is not None:
+        return Diagnosis(lagging.side, lagging.verdict(), [lagging.suggestion(), *epoch_start_side(total, settings)],
+                         withheld(hardware, settings), shares["data"])
     first = bound(shares)
     data, host = f"{100 * total.data_frac:.0f}%", f"{100 * total.host_frac:.0f}%"
     strength = "the bottleneck" if shares.get(first, 0.0) >= BOUND else "a partial bottleneck"
@@ -77,6 +86,7 @@ def diagnose(total: Window, system: dict[str, float], hardware: Hardware, settin
             verdict += f" The GPU computed {100 * total.compute_s / max(total.wall_s, 1e-9):.0f}% of the time."
     sides = [first, *(other for other, share in shares.items() if other != first and share >= NOTICEABLE)]
     suggestions = [suggestion for side in sides for suggestion in RULES[side](total, system, hardware, settings)]
+    suggestions += epoch_start_side(total, settings)
     return Diagnosis(first, verdict, suggestions, withheld(hardware, settings), shares["data"])
 
 
@@ -103,9 +113,6 @@ def data_side(total: Window, system: dict[str, float], hardware: Hardware, setti
         if settings.prefetch_factor < 4:
             found.append(Suggestion("loader.prefetch_factor", "4",
                                     f"Smooth out slow batches (now {settings.prefetch_factor})", headroom, "data"))
-    if not settings.persistent_workers and settings.num_workers > 0:
-        found.append(Suggestion("loader.persistent_workers", "true", "Keep the workers between epochs",
-                                "they start again at every epoch, and each start refills the queue", "data"))
     if hardware.on_gpu and not settings.pin_memory:
         found.append(Suggestion("loader.pin_memory", "true", "Copy to the GPU from page-locked memory",
                                 f"{waited}, and its copies come from pageable memory", "data"))
@@ -113,6 +120,19 @@ def data_side(total: Window, system: dict[str, float], hardware: Hardware, setti
         found += [Suggestion("prefetcher", option, "Overlap each batch's copy with the previous step", waited, "data")
                   for option in options.having("prefetcher", "overlaps_copy")]
     return found
+
+
+def epoch_start_side(total: Window, settings: Settings) -> list[Suggestion]:
+    """Keep the workers between epochs, when they start again at each and the wait for each epoch's first batch
+    costs a share of the epoch.
+    `total` leaves out the first window, so the first epoch's start (every worker's first start) is not counted."""
+    restarting = not settings.persistent_workers and settings.num_workers > 0
+    if not restarting or not total.epoch_starts or total.epoch_start_s < EPOCH_START_SHARE * total.wall_s:
+        return []
+    fact = (f"each epoch after the first waited {1000 * total.epoch_start_s / total.epoch_starts:.0f} ms for its "
+            f"first batch, {100 * total.epoch_start_s / total.wall_s:.0f}% of the time")
+    return [Suggestion("loader.persistent_workers", "true", f"Keep the {settings.num_workers} workers between "
+                       "epochs, instead of starting them again at every epoch (or start fewer)", fact, "data")]
 
 
 def lighter_decoding(settings: Settings, hardware: Hardware, saturated: str) -> list[Suggestion]:

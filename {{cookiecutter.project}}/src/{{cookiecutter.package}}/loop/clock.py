@@ -17,10 +17,11 @@ On CUDA the host runs ahead of the GPU, so the window is split by what the GPU w
   GPU may still be running while the host waits for data).
 Events are read only at `lap()`, after its sync, so no step waits on them.
 """
+import itertools
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 
@@ -32,6 +33,8 @@ class Window:
     wall_s: float = 0.0
     data_s: float = 0.0
     host_s: float = 0.0
+    epoch_start_s: float = 0.0  # from the start of an epoch to its first batch (part of data_s)
+    epoch_starts: int = 0  # epochs that started in the window
 
     @property
     def compute_s(self) -> float:
@@ -68,8 +71,7 @@ class Window:
         return self.images / self.wall_s if self.wall_s > 0 else 0.0
 
     def __add__(self, other: "Window") -> "Window":
-        return Window(self.steps + other.steps, self.images + other.images, self.wall_s + other.wall_s,
-                      self.data_s + other.data_s, self.host_s + other.host_s)
+        return Window(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other))))
 
 
 class Clock:
@@ -83,11 +85,14 @@ class Clock:
         """Open a new window: call before a stretch of training steps (after validation, say)."""
         self.window_start = time.perf_counter()
         self.waited_s, self.steps, self.images = 0.0, 0, 0
+        self.epoch_start_s, self.epoch_starts = 0.0, 0
 
     def timed(self, loader: Iterable) -> Iterator:
-        """Yield the loader's batches, charging the time spent getting each one to data."""
-        batches = iter(loader)
-        while True:
+        """Yield the loader's batches, charging the time spent getting each one to data. The first one's wait,
+        from before the loader starts its workers (which a loader without persistent workers does at every
+        epoch), is also the epoch's start."""
+        batches = lazily(loader)
+        for index in itertools.count():
             begin = time.perf_counter()
             self.waiting(begin)
             try:
@@ -98,6 +103,8 @@ class Clock:
             got = time.perf_counter()
             self.got(begin, got)
             self.waited_s += got - begin
+            if index == 0:
+                self.epoch_start_s, self.epoch_starts = self.epoch_start_s + got - begin, self.epoch_starts + 1
             self.steps += 1
             self.images += len(batch[0])
             yield batch
@@ -111,12 +118,20 @@ class Clock:
     def lap(self) -> Window:
         """Close the window, return its split, and open the next."""
         wall = time.perf_counter() - self.window_start
-        window = Window(self.steps, self.images, wall, min(self.waited_s, wall))
+        window = Window(self.steps, self.images, wall, min(self.waited_s, wall), 0.0, *self._epoch_start(wall))
         self.start()
         return window
 
+    def _epoch_start(self, wall: float) -> tuple[float, int]:
+        return min(self.epoch_start_s, wall), self.epoch_starts
+
     def close(self) -> None:
         """Stop anything the clock runs in the background."""
+
+
+def lazily(loader: Iterable) -> Iterator:
+    """The loader's batches, with iter(loader) (where a loader starts its workers) at the first next()."""
+    yield from loader
 
 
 IDLE_LAG_S = 50e-6  # an event the GPU reaches this soon after its recording found nothing queued ahead of it
@@ -223,7 +238,8 @@ class CudaClock(Clock):
         data = sum(max(0.0, end - max(begin, on_host(queue_end))) for begin, end, queue_end in self.fetches)
         in_step = max(0.0, wall - waited - (sync_end - sync_begin))  # the sync's wait is the GPU's busy time
         host = idle_share(samples, on_host, self.window_start) * in_step
-        window = Window(self.steps, self.images, wall, min(data, wall), min(host, wall - min(data, wall)))
+        window = Window(self.steps, self.images, wall, min(data, wall), min(host, wall - min(data, wall)),
+                        *self._epoch_start(wall))
         self._open(closing)
         return window
 

@@ -13,6 +13,9 @@ LAYOUT = {
         "share of time the device was idle: waiting for data, for the host": [
             "Multiline", ["time/data_frac", "time/host_frac"]],
         "throughput (images/s)": ["Multiline", ["throughput/images_per_s"]],
+        "several processes: the highest and lowest rank's share of time waiting for data": [
+            "Multiline", ["ranks/data_frac_max", "ranks/data_frac_min"]],
+        "several processes: the rank whose device idled most": ["Multiline", ["ranks/slowest"]],
     },
 }
 

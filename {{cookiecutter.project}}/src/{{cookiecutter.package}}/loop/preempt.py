@@ -5,10 +5,7 @@ they agree to stop together; rank 0 then saves a checkpoint that records the pos
 and `resume=auto` carries on from that batch. A second Ctrl-C stops at once.
 """
 import signal
-
-import torch
-
-from ..core.distributed import World
+import time
 
 
 class Preempted(Exception):
@@ -18,16 +15,20 @@ class Preempted(Exception):
 class StopRequest:
     def __init__(self):
         self.signal: str | None = None
+        self.since: float | None = None  # time.monotonic() when the signal came
         for number in (signal.SIGTERM, signal.SIGINT):
             signal.signal(number, self.handle)
 
     def handle(self, number: int, frame) -> None:
         if self.signal is not None and number == signal.SIGINT:
             raise KeyboardInterrupt
-        self.signal = signal.Signals(number).name
+        self.signal, self.since = signal.Signals(number).name, time.monotonic()
 
-    def check(self, world: World) -> None:
-        """Raise Preempted if any rank got a signal (one all-reduce of one number)."""
-        asked = world.sum(torch.tensor([int(self.signal is not None)], device=world.device))
-        if int(asked.item()):
+    @property
+    def asked(self) -> bool:
+        return self.signal is not None
+
+    def check(self, asked_anywhere: bool) -> None:
+        """Raise Preempted if any rank got a signal: `asked_anywhere`, from the window's exchange (train.py)."""
+        if asked_anywhere:
             raise Preempted(self.signal or "a signal to another rank")

@@ -1,6 +1,6 @@
 """The run: everything the loop touches, built once before it, and what a checkpoint of it holds."""
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 
 import torch
 
@@ -8,6 +8,7 @@ from ..contracts import Logger, Profiler
 from ..core import distributed
 from ..core.distributed import World
 from ..core.files import WriteError
+from ..core.forensics import Forensics
 from ..core.hardware import Hardware
 from ..data.loaders import Loaders
 from ..diagnosis.sysmon import SystemMonitor
@@ -34,6 +35,7 @@ class Run:
     profiler: Profiler
     checkpoints: Checkpoints
     stop: StopRequest
+    forensics: Forensics
     world: World
     hardware: Hardware
     log_every: int
@@ -63,6 +65,12 @@ class Run:
         self.scheduler.step()
         self.step, self.images_in_epoch = self.step + 1, self.images_in_epoch + batch_images * self.world.size
         self.updating = False
+
+    def share_window(self, window: Window) -> tuple[list[Window], bool]:
+        """Every rank's split of a logging window, and whether any rank was asked to stop: the window's one
+        collective, a small all-reduce after the window's device sync."""
+        rows = self.world.gather([float(self.stop.asked), *astuple(window)])
+        return [Window(*row[1:]) for row in rows], any(row[0] for row in rows)
 
     def state(self) -> dict:
         return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
