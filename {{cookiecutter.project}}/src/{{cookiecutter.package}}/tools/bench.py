@@ -60,6 +60,9 @@ def make_decoder(name: str, batch_size: int, device: torch.device, settings: dic
                            {"decoder": OmegaConf.load(options.CONF / "decoder" / f"{name}.yaml")}, {"decoder": settings})
     decoder = build(node.decoder)
     decoder.check_device(device)
+    # What its bench row says it ran with: its own keys, as the command line would set them.
+    decoder.settings = " ".join(f"decoder.{key}={str(value).lower() if isinstance(value, bool) else value}"
+                                for key, value in node.decoder.items() if not key.startswith("_"))
     return decoder
 
 
@@ -221,7 +224,8 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                         rows.append({"decoder": name, "format": format, "order": order_name, "staging": staging,
                                      "num_workers": workers, "images_per_s": rate, "staging_s": staging_s,
                                      "unreadable": int(splits.train.bad_flags().sum()),
-                                     "note": "; ".join(filter(None, ["pre-decoded pixels" if holds_pixels else "",
+                                     "note": "; ".join(filter(None, [decoder.settings,
+                                                                     "pre-decoded pixels" if holds_pixels else "",
                                                                      counted(staging_s, len(splits.train), rate,
                                                                              settings.timed_epochs)]))})
                         log.info("%s / %s / order=%s / staging=%s / %d workers: %.0f images/s", name, format,
