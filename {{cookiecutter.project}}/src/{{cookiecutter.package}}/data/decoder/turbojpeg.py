@@ -76,7 +76,9 @@ class TurboJpegDecoder(CpuDecoder):
         """The file as a buffer TurboJPEG reads, and its header's width, height, subsampling, precision, colourspace."""
         buffer = np.frombuffer(data, np.uint8)
         self.call("tj3DecompressHeader", buffer.ctypes.data, buffer.size)
-        return buffer, {key: self.call("tj3Get", key) for key in (SUBSAMPLING, WIDTH, HEIGHT, PRECISION, COLOURSPACE)}
+        # Not through `call`: -1 is a value here (TJSAMP_UNKNOWN, a sampling TurboJPEG decodes but cannot crop).
+        return buffer, {key: library().tj3Get(self.local.handle, key)
+                        for key in (SUBSAMPLING, WIDTH, HEIGHT, PRECISION, COLOURSPACE)}
 
     def image_size(self, data: bytes) -> tuple[int, int]:
         try:
