@@ -10,7 +10,7 @@ PACKAGE = "{{ cookiecutter.package }}"
 # a package of the same name would hide them.
 TAKEN = {
     "torch", "torchvision", "hydra", "omegaconf", "cv2", "h5py", "tensorboard", "PIL", "numpy",
-    "psutil", "tqdm", "pynvml", "lmdb", "simplejpeg", "torchcodec", "litdata", "nvidia", "cookiecutter", "pytest",
+    "psutil", "tqdm", "pynvml", "lmdb", "simplejpeg", "turbojpeg", "torchcodec", "litdata", "nvidia", "cookiecutter", "pytest",
     "setuptools", "pip", "scipy", "timm", "ffcv", "lightning", "pytorch_lightning",
 }
 

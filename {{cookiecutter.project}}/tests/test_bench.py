@@ -35,9 +35,9 @@ def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp
     decoders = [name for name in options.options("decoder") if name != "none"]  # bench.decoders=all
     for workers in ("0", "1"):
         rows_here = [(row["decoder"], row["format"]) for row in written if row["num_workers"] == workers]
-        assert rows_here[:2] == [("ceiling", "memory"), ("baseline", "folder")]
+        assert rows_here[:3] == [("ceiling", "memory"), ("baseline", "folder"), ("region ceiling", "memory")]
         assert rows_here[-2:] == [("none", "tensor")] * 2  # in either order: tensor's records sit end to end
-        assert sorted(rows_here[2:-2]) == sorted((name, format) for name in decoders for format in ("folder", "litdata"))
+        assert sorted(rows_here[3:-2]) == sorted((name, format) for name in decoders for format in ("folder", "litdata"))
     ordered = {(row["format"], row["order"]) for row in written if row["order"]}
     assert ordered == {("folder", "random"), ("litdata", "random"), ("tensor", "random"), ("tensor", "blocks")}
     for row in written:  # timed where this machine can run it; otherwise a row saying why
@@ -110,7 +110,7 @@ def test_bench_skips_and_counts_unreadable_files_in_every_row_the_ceiling_includ
     probe = [row for row in written if row["decoder"] == "storage"]
     decoded = [row for row in written if row["decoder"] != "storage"]
     assert sorted(row["num_workers"] for row in probe) == ["1", "2"]  # reads bytes, so bad files cost nothing there
-    assert len(decoded) == 2 * 5 and all(float(row["images_per_s"]) > 0 for row in written)
+    assert len(decoded) == 2 * 6 and all(float(row["images_per_s"]) > 0 for row in written)
     assert {row["unreadable"] for row in decoded} == {"3"}, [(row["decoder"], row["unreadable"]) for row in decoded]
 
 

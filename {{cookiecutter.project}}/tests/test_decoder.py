@@ -1,9 +1,11 @@
 """Every decoder agrees with every other: same labels, pixels within JPEG tolerance, same handling of odd
 files. The decoders come from conf/decoder/*.yaml, and what each needs from its own `_facts_`."""
 import importlib
+import random
 import resource
 import sys
 import time
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -16,7 +18,8 @@ from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.contracts import Decoder
 from {{ cookiecutter.package }}.core.config import ConfigError, build
 from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
-from {{ cookiecutter.package }}.data.decoder import CpuDecoder, huffman_8bit, resize_box
+from {{ cookiecutter.package }}.data.decoder import (CpuDecoder, huffman_8bit, pillow_decode, pixel_box, resize_box,
+                                                     scaled)
 from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
@@ -353,3 +356,80 @@ def test_gpu_decoders_decode_whole_batches_on_the_gpu_like_pillow(name):
     reference = crops(PilDecoder(), files, CenterCrop(224, 256), CPU)
     assert mean_difference(result, reference).max() < 4.0
     assert not getattr(decoder, "warned", False), "nvJPEG decoded them all: none was left to Pillow"
+
+
+REGION_DECODERS = [name for name in DECODERS  # the CPU decoders whose library decodes a region
+                   if options.facts("decoder", name).region_decode and not options.facts("decoder", name).gpu]
+# Pillow's subsampling: 0 is 4:4:4, 1 is 4:2:2, 2 is 4:2:0; sizes off the MCU grid, so that the last MCUs are partial.
+REGION_FILES = {
+    "420": encoded(photo(501, 377), subsampling=2), "422": encoded(photo(501, 377), subsampling=1),
+    "444": encoded(photo(501, 377), subsampling=0), "grayscale": ODD_FILES["grayscale"],
+    "progressive": ODD_FILES["progressive"], "exif_rotated": ODD_FILES["exif_rotated"],
+    "arithmetic": ODD_FILES["arithmetic"], "cmyk": ODD_FILES["cmyk"], "png_named_jpeg": ODD_FILES["png_named_jpeg"],
+    # Luma sampled 3x1 against chroma, which TurboJPEG decodes but cannot crop; written by libjpeg-turbo's
+    # `cjpeg -sample 3x1,1x1,1x1` from photo(96, 72).
+    "unusual_sampling": (Path(__file__).parent / "data/unusual_sampling.jpg").read_bytes()}
+WHOLE_DECODES = {"cmyk", "png_named_jpeg", "unusual_sampling"}  # Pillow's, or a sampling TurboJPEG cannot crop
+
+
+def region_boxes(width: int, height: int) -> dict[str, tuple[int, int, int, int]]:
+    """Boxes at each corner and edge, in the middle, the whole image, and smaller than one MCU off the MCU grid."""
+    w, h = width // 3, height // 3
+    return {"top_left": (0, 0, w, h), "top_right": (width - w, 0, width, h), "bottom_left": (0, height - h, w, height),
+            "bottom_right": (width - w, height - h, width, height), "left": (0, h, w, 2 * h),
+            "right": (width - w, h, width, 2 * h), "top": (w, 0, 2 * w, h), "bottom": (w, height - h, 2 * w, height),
+            "middle": (w + 3, h + 5, 2 * w + 1, 2 * h + 7), "whole": (0, 0, width, height),
+            "under_one_mcu": (width // 2 + 5, height // 2 + 3, width // 2 + 11, height // 2 + 7)}
+
+
+@pytest.mark.parametrize("name", REGION_DECODERS)
+@pytest.mark.parametrize("kind", REGION_FILES)
+@pytest.mark.parametrize("shrink", [1, 2.5, 9], ids=["full-scale", "half-scale", "eighth-scale"])
+def test_a_region_decode_matches_the_crop_of_a_full_decode(name, kind, shrink):
+    """The region's crop is the full decode's crop, within what libjpeg's upsampling does at the region's edge, and
+    only the region was decoded, but from the files decoded whole."""
+    decoder, data = make_decoder(name), REGION_FILES[kind]
+    size = decoder.image_size(data)
+    full = decoder.decode(data, shrink) if decoder.reads(data) else pillow_decode(data, shrink)
+    for where, box in region_boxes(*size).items():
+        region, region_box = decoder.decode_any(data, size, box, shrink)
+        expected_box = scaled(full, size, box)[1]
+        left, top, right, bottom = pixel_box(region_box, region.shape[1], region.shape[0])
+        full_left, full_top, full_right, full_bottom = pixel_box(expected_box, full.shape[1], full.shape[0])
+        cut, expected = region[top:bottom, left:right], full[full_top:full_bottom, full_left:full_right]
+        assert cut.shape == expected.shape, (where, cut.shape, expected.shape)
+        difference = np.abs(cut.astype(int) - expected.astype(int))
+        assert difference.mean() < 1.0 and difference.max() <= 16, (where, difference.mean(), difference.max())
+        if kind in WHOLE_DECODES:
+            assert region.shape == full.shape
+        elif where != "whole":
+            assert region.shape[0] * region.shape[1] < full.shape[0] * full.shape[1] / 2, (where, region.shape)
+
+
+@pytest.mark.parametrize("name", REGION_DECODERS)
+def test_random_crops_through_a_region_decode_match_the_full_decode(name):
+    """The worker's whole path (size, crop, region decode, resize, flip) against the same crops cut from full decodes."""
+    decoder = make_decoder(name)
+
+    class FullDecode(type(decoder)):
+        def decode_box(self, data, size, box, shrink):
+            return scaled(self.decode(data, shrink), size, box)
+
+    files = [REGION_FILES[kind] for kind in ("420", "422", "444", "grayscale", "progressive")] * 8
+    crop = TrainCrop(64)
+    random.seed(0)
+    region = crops(decoder, files, crop, CPU)
+    random.seed(0)
+    full = crops(FullDecode(), files, crop, CPU)
+    assert mean_difference(region, full).max() < 1.0
+
+
+def test_only_decoders_that_decode_a_region_say_so():
+    """`region_decode` in a CPU decoder's facts if and only if it decodes less than the whole image."""
+    for name in DECODERS:
+        facts = options.facts("decoder", name)
+        if facts.missing():
+            continue
+        decoder = make_decoder(name)
+        if isinstance(decoder, CpuDecoder):
+            assert facts.region_decode == (type(decoder).decode_box is not CpuDecoder.decode_box), name

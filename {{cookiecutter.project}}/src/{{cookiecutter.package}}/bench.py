@@ -1,4 +1,4 @@
-"""Loader-only throughput for any set of decoder, format and worker-count choices, with two references.
+"""Loader-only throughput for any set of decoder, format and worker-count choices, with three references.
 
     python -m {{ cookiecutter.package }}.bench data.train_per_class=200            # 2000 synthetic JPEGs
     python -m {{ cookiecutter.package }}.bench data=imagenet data.root=/data/imagenet-subset bench.num_workers=[4,8]
@@ -11,6 +11,8 @@ Every decoder option is timed where this machine can run it; one it cannot (a GP
 unless its facts say its CPU mode is worth timing; a missing extra) gets a row that says why.
 The references, on the same files and worker count:
 - ceiling: the fastest CPU decoder's single-process full-decode rate, times the cores in use;
+- region ceiling: the same for decoding only what each training crop keeps (decoders whose facts say
+  `region_decode`), at the DCT scale the crop allows: what a loader that decodes regions cannot pass;
 - baseline: pytorch/examples' recipe, ImageFolder + PIL + RandomResizedCrop + ToTensor + Normalize in float32.
 Writes bench.csv and bench.png into the run folder.
 """

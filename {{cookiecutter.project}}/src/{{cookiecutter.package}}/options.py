@@ -47,6 +47,7 @@ class Facts:
     extra: str | None = None
     module: str | None = None
     decode_rank: int | None = None
+    region_decode: bool = False
     takes_pixels: bool = False
     packed: bool = False
     packed_for_storage: bool = False

@@ -18,12 +18,12 @@ from ..contracts import Decoder, Order, Stores
 from ..core.config import ConfigError, build, optional_import
 from ..core.distributed import ALONE
 from ..core.files import bytes_in
-from ..data.decoder import DECODE_ERRORS, CpuDecoder, Unreadable, decoding
-from ..data.format.folder import open_tree
+from ..data.decoder import DECODE_ERRORS, CpuDecoder
 from ..data.images import REPLACEMENTS, WrongDataSet, make_splits
 from ..data.loaders import training_loader
 from ..data.sources import Source
 from ..data.staging import no_staging
+from .ceilings import CEILING_FILES, ceilings
 from .pack import pack
 from .staged import counted, stagings, timed_staging
 from .storage_probe import storage_rows
@@ -31,7 +31,7 @@ from .storage_probe import storage_rows
 log = logging.getLogger(__name__)
 
 COLUMNS = ("decoder", "format", "order", "staging", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling",
-           "unreadable", "staging_s", "page_cache", "read_mb_s", "sequential_mb_s", "first_batch_s", "limit", "note")
+           "vs_region_ceiling", "unreadable", "staging_s", "page_cache", "read_mb_s", "sequential_mb_s", "first_batch_s", "limit", "note")
 
 
 def time_epochs(loader, epochs: int, upload=lambda batch: None, device: torch.device = ALONE.device) -> float:
@@ -60,6 +60,9 @@ def make_decoder(name: str, batch_size: int, device: torch.device, settings: dic
                            {"decoder": OmegaConf.load(options.CONF / "decoder" / f"{name}.yaml")}, {"decoder": settings})
     decoder = build(node.decoder)
     decoder.check_device(device)
+    # What its bench row says it ran with: its own keys, as the command line would set them.
+    decoder.settings = " ".join(f"decoder.{key}={str(value).lower() if isinstance(value, bool) else value}"
+                                for key, value in node.decoder.items() if not key.startswith("_"))
     return decoder
 
 
@@ -123,34 +126,6 @@ def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: i
     return rate, sum(dataset.bad)
 
 
-CEILING_FILES = 300  # files decoded for the ceiling, at most
-
-
-def decode_only(root: Path, cpu_decoders: dict[str, CpuDecoder]) -> tuple[str, float, int]:
-    """The fastest decoder's full-size decode rate in this process, files already in memory, and how many of the
-    files it was timed on are unreadable (skipped, as training skips them)."""
-    train, _, _ = open_tree(root)
-    files = [train.payload(index) for index in range(min(len(train), CEILING_FILES))]
-    rates, unreadable = {}, {}
-
-    def decodes(decoder: CpuDecoder, data: bytes) -> bool:
-        try:
-            with decoding():
-                decoder.decode(data, 1)
-        except Unreadable:
-            return False
-        return True
-
-    for name, decoder in cpu_decoders.items():
-        next((data for data in files if decodes(decoder, data)), None)  # warm-up
-        start = time.perf_counter()
-        decoded = sum(decodes(decoder, data) for data in files)
-        rates[name], unreadable[name] = decoded / (time.perf_counter() - start), len(files) - decoded
-    fastest = max(rates, key=rates.get)
-    log.info("decode-only, one process: %s", ", ".join(f"{name} {rate:.0f}/s" for name, rate in rates.items()))
-    return fastest, rates[fastest], unreadable[fastest]
-
-
 def format_node(format: str, source: Source, pack_dir: Path, short_side: int) -> DictConfig:
     """`format`'s config, pointing at its pack of the source tree, written on first use."""
     node, facts = OmegaConf.load(options.CONF / "format" / f"{format}.yaml"), options.facts("format", format)
@@ -211,8 +186,8 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     data_mb = bytes_in(source.root / "train") / 1e6
     cache = f"warm: read once in warm-up; {data_mb:.0f} MB vs {psutil.virtual_memory().available / 1e9:.0f} GB free RAM"
     fallback = options.fastest_cpu_decoder()
-    fastest, decode_rate, sample_bad = decode_only(
-        source.root, cpu_decoders or {fallback: make_decoder(fallback, settings.batch_size, device, {})})
+    full, region = ceilings(source.root, cpu_decoders or {fallback: make_decoder(fallback, settings.batch_size, device, {})},
+                            source.crop_size)
     rows, pack_dir = [], Path(settings.pack_dir).expanduser()
     with stagings(list(settings.stagings)) as stages:
         staged = {(format, name): timed_staging(partial(build, format_node(format, source, pack_dir, settings.short_side),
@@ -224,13 +199,17 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
             baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size, workers,
                                                    settings.timed_epochs, device)
             reference = [
-                {"decoder": "ceiling", "format": "memory", "num_workers": workers, "images_per_s": decode_rate * cores,
-                 "reference": True, "unreadable": sample_bad, "note": f"{fastest} full decode, 1 process x {cores} "
-                                                   f"cores, unreadable files of the {CEILING_FILES} first skipped"},
+                {"decoder": "ceiling", "format": "memory", "num_workers": workers, "images_per_s": full.rate * cores,
+                 "reference": True, "unreadable": full.unreadable, "note": f"{full.decoder} full decode, 1 process x "
+                                        f"{cores} cores, unreadable files of the {CEILING_FILES} first skipped"},
                 {"decoder": "baseline", "format": "folder", "num_workers": workers, "images_per_s": baseline_rate,
                  "reference": True, "unreadable": baseline_bad,
                  "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped"}]
-            rows += reference
+            regional = {"decoder": "region ceiling", "format": "memory", "num_workers": workers, "reference": True,
+                        "images_per_s": region.rate * cores if region else 0.0, "unreadable": region.unreadable if region
+                        else "", "note": f"{region.decoder} decodes the training crop's region only, 1 process x {cores} "
+                        f"cores, files in memory" if region else "not run: no decoder here decodes a region"}
+            rows += [*reference, regional]
             for (format, staging), (stores, staging_s) in staged.items():
                 holds_pixels = options.facts("format", format).holds_pixels
                 for order_name, order in orders_for(format, settings.orders).items():
@@ -245,7 +224,8 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                         rows.append({"decoder": name, "format": format, "order": order_name, "staging": staging,
                                      "num_workers": workers, "images_per_s": rate, "staging_s": staging_s,
                                      "unreadable": int(splits.train.bad_flags().sum()),
-                                     "note": "; ".join(filter(None, ["pre-decoded pixels" if holds_pixels else "",
+                                     "note": "; ".join(filter(None, [decoder.settings,
+                                                                     "pre-decoded pixels" if holds_pixels else "",
                                                                      counted(staging_s, len(splits.train), rate,
                                                                              settings.timed_epochs)]))})
                         log.info("%s / %s / order=%s / staging=%s / %d workers: %.0f images/s", name, format,
@@ -258,13 +238,14 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                 if row["num_workers"] == workers:
                     row["vs_baseline"] = row["images_per_s"] / reference[1]["images_per_s"]
                     row["vs_ceiling"] = row["images_per_s"] / reference[0]["images_per_s"]
+                    row["vs_region_ceiling"] = row["images_per_s"] / regional["images_per_s"] if region else ""
                     row["page_cache"] = cache
     for row in rows:
         row["note"] = "; ".join(filter(None, [row["note"], f"on {device.type}"]))
     if settings.probe_storage:
         readers = sorted({1, *(max(1, n) for n in settings.num_workers)})
         probed = {format: stores_for(format, source, pack_dir, settings.short_side).train for format in settings.formats}
-        rows += storage_rows(probed, readers, {count: decode_rate * min(count, os.cpu_count() or 1) for count in readers})
+        rows += storage_rows(probed, readers, {count: full.rate * min(count, os.cpu_count() or 1) for count in readers})
     with (run_dir / "bench.csv").open("w", newline="") as file:
         writer = csv.DictWriter(file, COLUMNS, extrasaction="ignore")
         writer.writeheader()
@@ -278,9 +259,9 @@ def table(rows: list[dict]) -> str:
     def ratio(value, width: int) -> str:
         return f"{value:>{width}.2f}" if isinstance(value, float) else f"{'':>{width}}"
 
-    lines = [f"{'decoder':<12}{'format':<14}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}"
-             f"{'unreadable':>11}  note"]
-    lines += [f"{row['decoder']:<12}{read_from(row):<14}{row['num_workers']:>8}{row['images_per_s']:>10.0f}"
-              f"{ratio(row.get('vs_baseline'), 11)}{ratio(row.get('vs_ceiling'), 10)}{row['unreadable']!s:>11}  "
-              f"{row['note']}" for row in rows]
+    lines = [f"{'decoder':<15}{'format':<14}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}"
+             f"{'x region':>9}{'unreadable':>11}  note"]
+    lines += [f"{row['decoder']:<15}{read_from(row):<14}{row['num_workers']:>8}{row['images_per_s']:>10.0f}"
+              f"{ratio(row.get('vs_baseline'), 11)}{ratio(row.get('vs_ceiling'), 10)}"
+              f"{ratio(row.get('vs_region_ceiling'), 9)}{row['unreadable']!s:>11}  {row['note']}" for row in rows]
     return "\n".join(lines)

@@ -6,9 +6,9 @@ applies EXIF orientation, like the PIL path ImageNet models have always been tra
 
 Two kinds keep the `Decoder` contract (contracts.py):
 - a CPU decoder subclasses `CpuDecoder` and implements `decode(data, shrink)`; it may say which files it
-  `reads` (Pillow decodes the others) and read the size from the header faster than Pillow does. The
-  loader's workers decode, at 1/2, 1/4 or 1/8 scale where the decoder can and the crop allows, then crop and
-  resize;
+  `reads` (Pillow decodes the others), read the size from the header faster than Pillow does, and decode only
+  the crop's region (`decode_box`). The loader's workers decode, at 1/2, 1/4 or 1/8 scale where the decoder
+  can and the crop allows, then crop and resize;
 - a batch decoder subclasses `batch.BatchDecoder` and implements `decode_crops`: the workers only read
   bytes and pick crops; the device decodes, crops and flips whole batches when they are uploaded.
 The crop, and with it the output size, comes from the data set's `TrainCrop` or `CenterCrop`.
@@ -27,7 +27,8 @@ from PIL import Image
 from ...contracts import Box, Crop, Decoder
 
 # What the decoding libraries raise for a file they cannot read: Pillow (OSError, SyntaxError, its
-# DecompressionBombError), OpenCV (cv2.error), simplejpeg (ValueError), TorchCodec (RuntimeError).
+# DecompressionBombError), OpenCV (cv2.error), TurboJPEG through decoder.turbojpeg (ValueError), TorchCodec
+# (RuntimeError).
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError, cv2.error, Image.DecompressionBombError)
 
 # One OpenCV thread per process: the loader's workers are the parallelism, and every CPU decoder ends
@@ -150,6 +151,12 @@ def dct_scale(shrink: float) -> int:
     return max((d for d in (1, 2, 4, 8) if d <= shrink), default=1)
 
 
+def scaled(image: np.ndarray, size: tuple[int, int], box: Box) -> tuple[np.ndarray, Box]:
+    """A whole image decoded at a reduced scale, and `box`, given on the image of `size` (width, height), on it."""
+    sx, sy = image.shape[1] / size[0], image.shape[0] / size[1]
+    return image, (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+
+
 def pillow_decode(data: bytes, shrink: float) -> np.ndarray:
     """Pillow's decode, at 1/2, 1/4 or 1/8 scale (`draft`) when `shrink` allows: it reads every file ImageNet holds,
     so it takes whatever another decoder does not read."""
@@ -175,8 +182,16 @@ class CpuDecoder(Decoder):
         """(width, height), from the header."""
         return pil_size(data)
 
-    def decode_any(self, data: bytes, shrink: float) -> np.ndarray:
-        return self.decode(data, shrink) if self.reads(data) else pillow_decode(data, shrink)
+    def decode_box(self, data: bytes, size: tuple[int, int], box: Box, shrink: float) -> tuple[np.ndarray, Box]:
+        """Pixels that hold `box` of the image of `size` (width, height), and `box` on them: here the whole image at
+        a reduced scale. A decoder whose library decodes regions (its facts say `region_decode`) decodes only the
+        MCUs the box covers."""
+        return scaled(self.decode(data, shrink), size, box)
+
+    def decode_any(self, data: bytes, size: tuple[int, int], box: Box, shrink: float) -> tuple[np.ndarray, Box]:
+        """`decode_box`, or Pillow's whole decode for a file this decoder does not read."""
+        return self.decode_box(data, size, box, shrink) if self.reads(data) else \
+            scaled(pillow_decode(data, shrink), size, box)
 
     def transform(self, crop: Crop) -> Callable:
         return DecodeCrop(self, crop)
@@ -194,6 +209,5 @@ class DecodeCrop:
         box, flip = self.crop(width, height)
         shrink = min(box[2] - box[0], box[3] - box[1]) / self.crop.size
         with decoding():
-            image = self.decoder.decode_any(data, shrink)
-        sx, sy = image.shape[1] / width, image.shape[0] / height  # a reduced decode scales the box too
-        return resize_box(image, (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy), self.crop.size, flip)
+            image, box = self.decoder.decode_any(data, (width, height), box, shrink)
+        return resize_box(image, box, self.crop.size, flip)

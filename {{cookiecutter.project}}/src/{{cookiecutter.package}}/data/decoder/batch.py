@@ -98,6 +98,8 @@ class BatchDecoder(Decoder):
     def upload(self, batch: OneBuffer, device: torch.device, non_blocking: bool) -> torch.Tensor:
         items = batch.items()
         encoded = [item for item in items if isinstance(item, Encoded)]
+        if len(encoded) == len(items):  # the usual batch: the decoder's output is the batch, without a copy of it
+            return self.decode_crops(encoded, device, non_blocking)
         crops = iter(self.decode_crops(encoded, device, non_blocking) if encoded else [])
         return torch.stack([next(crops) if isinstance(item, Encoded)
                             else item.to(device, non_blocking=non_blocking).permute(2, 0, 1) for item in items])

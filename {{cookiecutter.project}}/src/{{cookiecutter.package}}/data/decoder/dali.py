@@ -5,6 +5,8 @@ hardware JPEG decoder where present). `decoder.on_cpu=true` runs the same pipeli
 Workers read bytes and pick crops with the same geometry as every other decoder, so the data set,
 sampler, skip policy and prefetchers are shared.
 """
+import os
+
 import numpy as np
 import torch
 from nvidia.dali import Pipeline, fn, types
@@ -20,7 +22,10 @@ class DaliDecoder(BatchDecoder):
         self.copied = None  # on CUDA: an event after the last copy out of the pipeline's output
 
     def build(self, device: torch.device, size: int) -> Pipeline:
-        pipeline = Pipeline(batch_size=self.batch_size, num_threads=self.threads,
+        # On the CPU, DALI's threads are the decoders: more of them than cores only take turns, and a batch waits
+        # for its slowest thread.
+        threads = min(self.threads, len(os.sched_getaffinity(0))) if self.on_cpu else self.threads
+        pipeline = Pipeline(batch_size=self.batch_size, num_threads=threads,
                             device_id=None if self.on_cpu else device.index or 0, exec_async=False,
                             exec_pipelined=False, prefetch_queue_depth=1)
         with pipeline:

@@ -1,0 +1,61 @@
+"""The references bench puts beside its rows: the full-decode and the region-decode ceilings, and a bench run that
+reports every row as a share of both."""
+import csv
+
+import pytest
+from hydra import compose, initialize_config_dir
+from PIL import Image
+
+from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
+from {{ cookiecutter.package }}.tools.bench import bench
+from {{ cookiecutter.package }}.tools.ceilings import ceilings
+
+from conftest import encoded, photo
+from test_decoder import make_decoder
+
+REGION_DECODERS = [name for name in options.options("decoder") if options.facts("decoder", name).region_decode
+                   and not options.facts("decoder", name).gpu]
+
+
+@pytest.fixture(scope="module")
+def photo_tree(tmp_path_factory):
+    """40 training JPEGs of 640x480 and a validation one: large beside a 64-pixel crop, as ImageNet's are beside 224,
+    and smooth as photographs are (photo's noise at full size would make the decode all entropy decoding)."""
+    root = tmp_path_factory.mktemp("photos")
+    for split, count in (("train", 40), ("val", 1)):
+        (root / split / "a").mkdir(parents=True)
+        for index in range(count):
+            image = photo(160, 120, seed=index).resize((640, 480), Image.BILINEAR)
+            (root / split / "a" / f"{index}.JPEG").write_bytes(encoded(image, quality=90))
+    return root
+
+
+@pytest.mark.parametrize("name", REGION_DECODERS)
+def test_the_region_ceiling_decodes_crops_faster_than_the_full_ceiling_decodes_images(name, photo_tree):
+    """Measured side by side in one process: decoding what random 64-pixel crops keep, at the DCT scale they allow,
+    takes a fraction of decoding every pixel. A decoder that cannot decode a region sets no region ceiling."""
+    full, region = ceilings(photo_tree, {name: make_decoder(name), "pil": PilDecoder()}, 64)
+    assert region.decoder == name and full.unreadable == region.unreadable == 0
+    assert region.rate > 1.25 * full.rate, (region.rate, full.rate)  # 1.5-1.9x measured; a whole decode is 1x
+    assert ceilings(photo_tree, {"pil": PilDecoder()}, 64)[1] is None
+
+
+@pytest.mark.parametrize("name", REGION_DECODERS)
+def test_bench_gives_every_row_as_a_share_of_both_ceilings(name, photo_tree, tmp_path):
+    with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
+        cfg = compose("bench", ["data=imagenet", f"data.root={photo_tree}", "data.crop_size=64",
+                                "bench.formats=[folder]", f"bench.decoders=[{name}]", "bench.num_workers=[0]",
+                                "bench.batch_size=8", "bench.timed_epochs=1", "bench.probe_storage=false",
+                                f"bench.pack_dir={tmp_path / 'packs'}"])
+    rows = bench(cfg, tmp_path)
+    full, region = (next(row for row in rows if row["decoder"] == reference) for reference in ("ceiling", "region ceiling"))
+    assert region["images_per_s"] > full["images_per_s"] > 0 and name in region["note"]
+    with (tmp_path / "bench.csv").open() as file:
+        written = {row["decoder"]: row for row in csv.DictReader(file)}
+    for row in written.values():  # the shares are those of the figures in the same file
+        rate = float(row["images_per_s"])
+        assert abs(float(row["vs_ceiling"]) - rate / full["images_per_s"]) < 0.01 + 0.02 * rate / full["images_per_s"]
+        assert abs(float(row["vs_region_ceiling"]) - rate / region["images_per_s"]) < 0.01 + 0.02 * rate / region[
+            "images_per_s"]
+    assert set(written) == {"ceiling", "region ceiling", "baseline", name}
