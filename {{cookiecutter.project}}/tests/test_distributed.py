@@ -351,3 +351,32 @@ def test_the_report_names_the_one_rank_that_holds_the_others_back(fault, tmp_pat
                                      for window in spreads)
     if fault:
         assert [window["ranks/slowest"] for window in spreads] == [1.0] * 3
+
+
+@pytest.mark.full
+@pytest.mark.gpu
+def test_the_nccl_flight_recorder_keeps_the_collectives_and_names_the_run_folder(tmp_path):
+    """What a timeout would dump: the recorder that distributed.setup turns on holds each collective."""
+    script = """
+import os, pickle, sys, torch, torch.distributed as dist
+from pathlib import Path
+from {{ cookiecutter.package }}.core.distributed import record_flight
+record_flight(Path(sys.argv[1]))
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+device = torch.device("cuda", 0)
+torch.cuda.set_device(device)
+dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+dist.all_reduce(torch.ones(3, device=device))
+torch.cuda.synchronize()
+trace = pickle.loads(torch._C._distributed_c10d._dump_nccl_trace())
+print("dump", os.environ["TORCH_FR_DUMP_TEMP_FILE"], sorted({entry["profiling_name"] for entry in trace["entries"]}))
+dist.destroy_process_group()
+"""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = {name: value for name, value in os.environ.items() if not name.startswith(("TORCH_FR_", "TORCH_NCCL_"))}
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                            timeout=180, env={**environment, "PORT": str(port)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"dump {tmp_path / 'nccl_trace_rank_'} " in result.stdout and "nccl:all_reduce" in result.stdout

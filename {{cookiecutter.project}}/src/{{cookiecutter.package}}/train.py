@@ -98,11 +98,7 @@ def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
         run.windows.append((window, system))
         run.logger.scalars({
             "train/loss": loss_sum.item() / window.steps, "train/lr": run.optimizer.param_groups[0]["lr"],
-            "time/data_ms": window.data_ms, "time/host_ms": window.host_ms, "time/compute_ms": window.compute_ms,
-            "time/data_frac": window.data_frac, "time/host_frac": window.host_frac,
-            "throughput/images_per_s": window.images_per_s, "train/skipped_steps": run.precision.skipped.item(),
-            **({"time/epoch_start_ms": 1000 * window.epoch_start_s / window.epoch_starts} if window.epoch_starts
-               else {}), **system}, run.step)
+            "train/skipped_steps": run.precision.skipped.item(), **window.scalars(), **system}, run.step)
         bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%, "
                             f"host {100 * window.host_frac:.0f}%")
         loss_sum.zero_()
@@ -120,8 +116,8 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     batches_left = len(run.loaders.train)
     loss_sum = torch.zeros((), device=run.device)
     run.clock.start()
-    bar = tqdm(run.forensics.watch(run.clock.timed(run.loaders.train)), total=batches_left, desc=f"epoch {epoch}", mininterval=2,
-               dynamic_ncols=True, disable=not run.world.is_main)
+    bar = tqdm(run.forensics.watch(run.clock.timed(run.loaders.train)), total=batches_left, desc=f"epoch {epoch}",
+               mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
     for images, labels in bar:
         with run.precision.autocast():
             loss = run.criterion(run.model(images), labels)

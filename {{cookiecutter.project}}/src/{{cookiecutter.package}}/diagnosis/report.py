@@ -28,7 +28,7 @@ def environment(device: torch.device) -> dict[str, str]:
     """Library versions and hardware, so a figure can be traced to where it was measured."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_description()[0]
     libraries = ("torch", "torchvision", "hydra-core", "omegaconf", "numpy", "pillow", "opencv-python-headless",
-                 "simplejpeg", "h5py", "lmdb", "nvidia-dali-cuda130")
+                 "turbojpeg", "h5py", "lmdb", "nvidia-dali-cuda130")
     return {"python": platform.python_version(), **{lib: _version(lib) for lib in libraries},
             "device": f"{device.type}: {name}", "cpu_cores": str(os.cpu_count())}
 

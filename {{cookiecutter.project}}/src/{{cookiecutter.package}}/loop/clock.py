@@ -70,6 +70,13 @@ class Window:
     def images_per_s(self) -> float:
         return self.images / self.wall_s if self.wall_s > 0 else 0.0
 
+    def scalars(self) -> dict[str, float]:
+        """The window's figures as the logger takes them; `time/epoch_start_ms` where an epoch started in it."""
+        started = {"time/epoch_start_ms": 1000 * self.epoch_start_s / self.epoch_starts} if self.epoch_starts else {}
+        return {"time/data_ms": self.data_ms, "time/host_ms": self.host_ms, "time/compute_ms": self.compute_ms,
+                "time/data_frac": self.data_frac, "time/host_frac": self.host_frac,
+                "throughput/images_per_s": self.images_per_s, **started}
+
     def __add__(self, other: "Window") -> "Window":
         return Window(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other))))
 
