@@ -252,6 +252,21 @@ def test_a_failed_collective_leaves_the_failing_call_and_every_thread_and_its_li
     assert not hasattr(bug, "stacks_file") and stacks.read_text().count("==== rank 0") == 2
 
 
+class StopAskedLongAgo:
+    signal, since = "SIGTERM", time.monotonic() - 20  # torchrun's SIGTERM, 20 s before the window's end came
+
+
+def test_a_stop_request_not_honoured_in_time_leaves_the_stacks_and_the_run_goes_on(tmp_path, caplog):
+    forensics = Forensics(tmp_path, stall_min=10.0, stall_exit=False)
+    with forensics.watching(StopAskedLongAgo()):
+        wait_for(lambda: (tmp_path / "stacks-rank0.txt").exists(), timeout=5)
+    text = (tmp_path / "stacks-rank0.txt").read_text()
+    assert re.search(r": asked to stop \(SIGTERM\) 2\d s ago and still short of its logging window's end", text)
+    assert text.count("==== rank 0") == 1  # once, not at every check
+    assert "wait_for" in text.split("--- thread MainThread ---")[1]  # where the main thread stood
+    assert any("every thread's stack is in" in record.getMessage() for record in caplog.records)
+
+
 @pytest.mark.full
 def test_launch_script_on_two_nodes_resumes_after_a_worker_dies(tmp_path, cache_dir, tiny_root):
     import psutil

@@ -195,3 +195,18 @@ def test_three_interruptions_resume_to_the_weights_of_an_uninterrupted_run(tmp_p
     assert expected.keys() == resumed.keys()
     assert all(torch.equal(expected[name], resumed[name]) for name in expected), [
         name for name in expected if not torch.equal(expected[name], resumed[name])][:5]
+
+
+def test_a_stalled_run_asked_to_end_on_a_stall_ends_in_one_line_naming_its_stacks(tmp_path, cache_dir, tiny_root):
+    """Each forward pass sleeps 4 s; distributed.stall_min allows 1.2 s, and distributed.stall_exit ends the run."""
+    run_dir = tmp_path / "run"
+    began = time.monotonic()
+    process = start_cli(run_dir, ("faults.host_delay_ms=4000", "distributed.stall_min=0.02",
+                                  "distributed.stall_exit=true"), cache_dir, tiny_root)
+    stderr = finish(process, timeout=120)
+    assert process.returncode == 1
+    stacks = run_dir / "stacks-rank0.txt"
+    assert error_line(stderr) == (f"error: rank 0 stalled, no progress for 1 s (distributed.stall_min=0.02): "
+                                  f"distributed.stall_exit=true ends it; every thread's stack is in {stacks}")
+    assert "time.sleep(host_delay_ms / 1000)" in stacks.read_text()
+    assert left_behind(run_dir) == [] and time.monotonic() - began < 60

@@ -148,6 +148,11 @@ def end_workers() -> None:
     exit, multiprocessing would send them SIGTERM and wait for them forever.
     """
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the DataLoader's handler would raise at each death we cause
+    kill_children()
+
+
+def kill_children() -> None:
+    """SIGKILL this process's children still alive, and reap them (any thread may: no signal handler changes)."""
     for child in multiprocessing.active_children():
         child.kill()
         child.join(timeout=5)

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
-from .failures import collective_failure, end_workers
-from .files import write_atomic
+from .failures import collective_failure, kill_children
+from .files import WriteError, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Forensics:
         try:
             err.stacks_file = self.dump("a second Ctrl-C" if isinstance(err, KeyboardInterrupt)
                                         else "a collective across the processes failed", err)
-        except OSError as unwritten:
+        except (OSError, WriteError) as unwritten:
             log.error("could not write the stacks: %s", unwritten)
 
     def watch(self, batches: Iterable) -> Iterator:
@@ -120,15 +120,16 @@ class Forensics:
     def _stalled(self, reason: str) -> None:
         path = self._write_or_warn(reason)
         if self.stall_exit and path is not None:
-            print(f"error: rank {self.rank} stalled, {reason}: distributed.stall_exit=true ends it; every thread's "
+            # On a line of its own: the progress bar leaves its line open.
+            print(f"\nerror: rank {self.rank} stalled, {reason}: distributed.stall_exit=true ends it; every thread's "
                   f"stack is in {path}", file=sys.stderr, flush=True)
-            end_workers()
+            kill_children()  # the loader workers; a signal handler cannot change outside the main thread
             os._exit(1)  # the stuck main thread cannot be interrupted; torchrun restarts the group if it may
 
     def _write_or_warn(self, reason: str) -> Path | None:
         try:
             path = self.dump(reason)
-        except OSError as err:
+        except (OSError, WriteError) as err:
             log.warning("rank %d: %s; writing its stacks failed too: %s", self.rank, reason, err)
             return None
         log.warning("rank %d: %s; every thread's stack is in %s", self.rank, reason, path)

@@ -104,8 +104,10 @@ class Clock:
             self.waiting(begin)
             try:
                 batch = next(batches)
-            except StopIteration:
-                self.got(begin, time.perf_counter())
+            except StopIteration:  # the loader's last call: its workers end here when they do not persist
+                end = time.perf_counter()
+                self.got(begin, end)
+                self.waited_s += end - begin
                 return
             got = time.perf_counter()
             self.got(begin, got)
