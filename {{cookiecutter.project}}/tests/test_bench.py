@@ -11,6 +11,9 @@ from {{ cookiecutter.package }} import options
 
 from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line
 
+FASTEST = options.fastest_cpu_decoder()  # of those installed here
+CPU_DECODERS = list(dict.fromkeys(["pil", "opencv", FASTEST]))
+
 pytestmark = pytest.mark.full  # subprocesses, torchrun or the clock: make test-full
 
 
@@ -58,12 +61,12 @@ def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp
 
 
 def test_a_staged_row_is_read_from_a_fresh_copy_in_ram_with_its_copy_seconds_and_leaves_none_behind(tiny_root, tmp_path):
-    result = run_bench(tmp_path, tiny_root, "bench.formats=[folder,lmdb,litdata]", "bench.decoders=[turbojpeg]",
+    result = run_bench(tmp_path, tiny_root, "bench.formats=[folder,lmdb,litdata]", f"bench.decoders=[{FASTEST}]",
                        "bench.stagings=[none,tmpfs]", "bench.num_workers=[1]", "bench.probe_storage=false",
                        "bench.batch_size=4")
     assert result.returncode == 0, result.stderr[-3000:]
     with (tmp_path / "bench/bench.csv").open() as file:
-        rows = {(row["format"], row["staging"]): row for row in csv.DictReader(file) if row["decoder"] == "turbojpeg"}
+        rows = {(row["format"], row["staging"]): row for row in csv.DictReader(file) if row["decoder"] == FASTEST}
     assert set(rows) == {(format, staging) for format in ("folder", "lmdb") for staging in ("none", "tmpfs")} | {
         ("litdata", "none")}  # it streams its chunks: no copy of them to read
     for format in ("folder", "lmdb"):
@@ -84,7 +87,7 @@ def test_bench_on_a_tree_of_ones_own_writes_its_packs_in_the_cache_without_being
     """data=imagenet has no cache folder of its own: the packs go where tune's do."""
     result = subprocess.run(
         [sys.executable, "-m", f"{PACKAGE}.bench", "data=imagenet", f"data.root={tiny_root}", "data.crop_size=32",
-         "bench.formats=[lmdb]", "bench.decoders=[turbojpeg]", "bench.num_workers=[0]", "bench.batch_size=4",
+         "bench.formats=[lmdb]", f"bench.decoders=[{FASTEST}]", "bench.num_workers=[0]", "bench.batch_size=4",
          "bench.timed_epochs=1", "bench.probe_storage=false", f"hydra.run.dir={tmp_path / 'bench'}"],
         cwd=PROJECT, capture_output=True, text=True, timeout=300,
         env={**os.environ, **QUIET, "XDG_CACHE_HOME": str(tmp_path / "cache")})
@@ -95,8 +98,8 @@ def test_bench_on_a_tree_of_ones_own_writes_its_packs_in_the_cache_without_being
 def run_bench(tmp_path, root, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", f"{PACKAGE}.bench", "data=imagenet", f"data.root={root}", "data.crop_size=32",
-         "data.val_resize=36", "bench.formats=[folder]", "bench.decoders=[pil,opencv,turbojpeg]", "bench.timed_epochs=1",
-         f"bench.pack_dir={tmp_path / 'packs'}", f"hydra.run.dir={tmp_path / 'bench'}", *overrides],
+         "data.val_resize=36", "bench.formats=[folder]", f"bench.decoders=[{','.join(CPU_DECODERS)}]",
+         "bench.timed_epochs=1", f"bench.pack_dir={tmp_path / 'packs'}", f"hydra.run.dir={tmp_path / 'bench'}", *overrides],
         cwd=PROJECT, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
 
 

@@ -2,6 +2,7 @@
 files. The decoders come from conf/decoder/*.yaml, and what each needs from its own `_facts_`."""
 import importlib
 import random
+from importlib import metadata
 import resource
 import sys
 import time
@@ -16,7 +17,8 @@ from test_data import ALONE, CPU, loader
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.contracts import Decoder
-from {{ cookiecutter.package }}.core.config import ConfigError, build
+from {{ cookiecutter.package }}.core import config
+from {{ cookiecutter.package }}.core.config import DISTRIBUTION, ConfigError, build, installs_here, this_machine
 from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
 from {{ cookiecutter.package }}.data.decoder import (CpuDecoder, huffman_8bit, pillow_decode, pixel_box, resize_box,
                                                      scaled)
@@ -24,6 +26,7 @@ from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
 from {{ cookiecutter.package }}.data.images import Images, make_splits
+from {{ cookiecutter.package }}.data.loaders import check_fit
 from {{ cookiecutter.package }}.data.sources import imagenet
 from {{ cookiecutter.package }}.data.staging import no_staging
 
@@ -148,12 +151,46 @@ def test_gpu_decoders_refuse_a_run_without_a_gpu(name):
         decoder.check_device(CPU)
 
 
-@pytest.mark.parametrize("name", [name for name in DECODERS if options.facts("decoder", name).module])
-def test_a_missing_package_is_refused_with_its_install_command(name, monkeypatch):
-    facts = options.facts("decoder", name)
-    monkeypatch.setitem(sys.modules, facts.module, None)  # what an absent package looks like to import
-    with pytest.raises(ConfigError, match=rf"{facts.module} is not installed .*: pip install -e '\.\[{facts.extra}\]'"):
-        build(compose_decoder(name))
+def test_the_extras_markers_say_where_each_backend_installs():
+    """turbojpeg comes as wheels only, for some machines; pyproject.toml's markers say which, and the project reads
+    them from its metadata to tell a user whether `pip install` can help."""
+    try:
+        metadata.requires(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        pytest.skip("the project is not installed (pip install -e .): its extras' markers live in its metadata")
+    linux = {"sys_platform": "linux", "platform_machine": "x86_64", "python_version": "3.12"}
+    assert installs_here("turbojpeg", linux)
+    assert not installs_here("turbojpeg", {**linux, "platform_machine": "aarch64"})
+    assert not installs_here("turbojpeg", {**linux, "python_version": "3.14"})
+    assert installs_here("turbojpeg", {"sys_platform": "darwin", "platform_machine": "arm64", "python_version": "3.12"})
+    assert installs_here("lmdb", {**linux, "platform_machine": "aarch64"}), "no marker: it installs everywhere"
+    for name in DECODERS:  # a package that is here was installed where its extra says it installs
+        facts = options.facts("decoder", name)
+        assert not facts.module or not options.importable(facts.module) or installs_here(facts.extra), name
+
+
+def test_a_cpu_decoder_this_machine_cannot_install_is_refused_naming_the_fastest_installed_one(monkeypatch):
+    """The default decoder=turbojpeg where it has no wheel (Linux on Arm): its line says pip cannot help and names
+    the fastest CPU decoder that is installed, which every piece of advice names instead of it."""
+    installed = sorted((options.facts("decoder", name).decode_rank, name)
+                       for name in options.having("decoder", "decode_rank") if not options.facts("decoder", name).missing())
+    packaged = [name for _, name in installed if options.facts("decoder", name).module]
+    if not packaged:
+        pytest.skip("no CPU decoder with a package of its own is installed here to take away")
+    gone, facts = packaged[0], options.facts("decoder", packaged[0])
+    left = next(name for _, name in installed if name != gone)
+    importable = options.importable
+    monkeypatch.setattr(options, "importable", lambda module: module != facts.module and importable(module))
+    monkeypatch.setattr(config, "installs_here", lambda extra, environment=None: False)
+    assert options.fastest_cpu_decoder() == left
+    with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
+        cfg = compose("train", [f"decoder={gone}"])
+    with pytest.raises(ConfigError) as refused:
+        check_fit(cfg.format, cfg.staging, cfg.decoder, cfg.order)
+    assert str(refused.value) == (
+        f"decoder={gone}: {facts.module} is not installed, and pip cannot install it on this machine "
+        f"({this_machine()}): pyproject.toml installs the extra [{facts.extra}] only where it has wheels; "
+        f"or pick decoder={left}, the fastest CPU decoder installed here")
 
 
 @pytest.mark.parametrize("name", [name for name in DECODERS if "." in (options.facts("decoder", name).module or "")])

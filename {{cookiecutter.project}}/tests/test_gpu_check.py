@@ -8,6 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.tools.gpu_check import gpu_check
 
 from conftest import CONF, CPU_ONLY, PACKAGE, PROJECT, tiny
@@ -71,7 +72,7 @@ def test_sweep_reports_each_run_beside_the_ceiling_and_records_failures(tmp_path
         real["command"]
     assert abs(float(real["vs_ceiling"]) - float(real["images_per_s"]) / ceiling) < 0.01
     assert rows["nvjpeg"]["status"] == "failed: decoder=nvjpeg decodes on the GPU and this run has none: pass " \
-                                       "decoder.on_cpu=true to run its batched path on the CPU, or pick decoder=turbojpeg"
+                                       f"decoder.on_cpu=true to run its batched path on the CPU, or pick decoder={options.fastest_cpu_decoder()}"
     assert rows["ceiling"]["bound"] == "compute" and rows["ceiling"]["device"].startswith("cpu")
     assert "train.host_split=false" in rows["split_off"]["command"] and rows["split_off"]["status"] == "ok"
     bench = [row for row in rows.values() if row["section"] == "bench"]

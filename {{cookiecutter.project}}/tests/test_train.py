@@ -132,14 +132,17 @@ STARVED_OR_NOT = ("precision=fp32", "data.crop_size=64", "data.val_resize=73", "
 
 
 @pytest.mark.full
-@pytest.mark.parametrize(("overrides", "bound"), [(("loader.num_workers=0", "decoder=pil"), "data"),
+@pytest.mark.parametrize(("overrides", "bound"), [(("loader.num_workers=0", "decoder=pil", "faults.read_delay_ms=10"),
+                                                   "data"),
                                                   (("prefetcher=resident",), "compute")], ids=["starved", "resident"])
 def test_the_report_tells_a_starved_pipeline_from_the_compute_ceiling(overrides, bound, tmp_path, train_cli):
-    """ResNet-18 at 64 pixels in fp32: decoding in the training process waits for data; the resident batch never."""
+    """ResNet-18 at 64 pixels in fp32: reading and decoding in the training process waits for data; the resident batch
+    never. The decode of these small crops alone is 9% of a step on one 2-core CPU and 20% on another, either side
+    of the verdict's threshold: a read of 10 ms an image, as from a slow disk, starves the step on any CPU."""
     train_cli(tmp_path / "run", *STARVED_OR_NOT, *overrides)
     result = summary(tmp_path / "run")
     assert result["bound"] == bound, result["verdict"]
-    assert result["verdict"].startswith("Data loading is a" if bound == "data" else "Data loading is not")
+    assert result["verdict"].startswith("Data loading is not") == (bound == "compute")
     assert (result["data_frac"] < 0.02) == (bound == "compute")
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .core.config import FACTS
+from .core.config import FACTS, not_installed
 
 CONF = Path(__file__).resolve().parent / "conf"  # the entry points' config_path, shipped in the wheel
 PACKAGE = __package__  # the import name, in the commands the tools run
@@ -62,15 +62,9 @@ class Facts:
     built_in: bool = False
     followed: bool = False
 
-    @property
-    def install(self) -> str:
-        return f"pip install -e '.[{self.extra}]'"
-
     def missing(self) -> str | None:
-        """Why this option cannot be built here for want of its package, or None."""
-        if self.module and not importable(self.module):
-            return f"{self.module} is not installed: {self.install}"
-        return None
+        """Why this option cannot be built here for want of its package, and what to do, or None."""
+        return not_installed(self.module, self.extra) if self.module and not importable(self.module) else None
 
     def overrides_without_gpu(self, group: str) -> list[str]:
         return [f"{group}.{key}={str(value).lower() if isinstance(value, bool) else value}"
@@ -122,8 +116,10 @@ def default(group: str) -> str | None:
 
 
 def fastest_cpu_decoder() -> str:
-    """The CPU decoder that decodes fastest, by its facts' decode_rank."""
-    return min((facts("decoder", name).decode_rank, name) for name in having("decoder", "decode_rank"))[1]
+    """Of the CPU decoders installed here, the one that decodes fastest, by its facts' decode_rank: advice names
+    only what this machine can run."""
+    return min((facts("decoder", name).decode_rank, name) for name in having("decoder", "decode_rank")
+               if not facts("decoder", name).missing())[1]
 
 
 def gpu_options(group: str) -> list[str]:

@@ -6,8 +6,11 @@ Every rank resolves the same run folder: under torchrun it is named after the re
 """
 import importlib
 import os
+import platform
+import sys
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from types import ModuleType
 from typing import Any
 
@@ -15,6 +18,7 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from packaging.requirements import Requirement
 
 
 class ClearError(Exception):
@@ -25,12 +29,39 @@ class ConfigError(ClearError):
     """A mistake in the command line, the config or the input paths."""
 
 
+DISTRIBUTION = "{{ cookiecutter.project }}"  # pyproject.toml's name: its extras' markers say where each installs
+
+
 def optional_import(module: str, extra: str) -> ModuleType:
     """Import a backend's package where the backend is built, or refuse in one line naming the extra to install."""
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise ConfigError(f"{module} is not installed ({err}): pip install -e '.[{extra}]'") from None
+        raise ConfigError(not_installed(module, extra, f" ({err})")) from None
+
+
+def not_installed(module: str, extra: str, detail: str = "") -> str:
+    """A missing backend's line: the extra that installs it, or, where none does, that this machine cannot have it."""
+    if installs_here(extra):
+        return f"{module} is not installed{detail}: pip install -e '.[{extra}]'"
+    return (f"{module} is not installed{detail}, and pip cannot install it on this machine ({this_machine()}): "
+            f"pyproject.toml installs the extra [{extra}] only where it has wheels")
+
+
+def installs_here(extra: str, environment: dict[str, str] | None = None) -> bool:
+    """Whether `pip install -e '.[extra]'` installs the extra's packages on this machine (or on `environment`'s
+    markers): not where pyproject.toml's markers keep them to other machines or Pythons."""
+    try:
+        requirements = [Requirement(line) for line in metadata.requires(DISTRIBUTION) or []]
+    except metadata.PackageNotFoundError:  # run from a source tree: nothing says where the extra installs
+        return True
+    markers = [requirement.marker for requirement in requirements
+               if requirement.marker and f'extra == "{extra}"' in str(requirement.marker)]
+    return not markers or any(marker.evaluate({**(environment or {}), "extra": extra}) for marker in markers)
+
+
+def this_machine() -> str:
+    return f"{platform.system()} {platform.machine()}, Python {sys.version_info.major}.{sys.version_info.minor}"
 
 
 RANGES = "_ranges_"  # in a config node: the valid values of its numeric keys, beside the keys themselves

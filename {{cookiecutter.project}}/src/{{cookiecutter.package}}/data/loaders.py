@@ -130,11 +130,15 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
 
 
 def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, order: DictConfig) -> None:
-    """Refuse, in one line, a decoder that does not fit what the format stores, a staging with nothing to copy
-    and an order that reads runs of records from a format that cannot."""
+    """Refuse, in one line, a CPU decoder that is not installed (naming the fastest one that is), a decoder that
+    does not fit what the format stores, a staging with nothing to copy and an order that reads runs of records
+    from a format that cannot."""
     stored, decoding = options.facts_of(format), options.facts_of(decoder)
     picked = {group: f"{group}={options.name_of(group, node)}"
               for group, node in (("format", format), ("staging", staging), ("decoder", decoder), ("order", order))}
+    if decoding.decode_rank and decoding.missing():  # the default decoder=turbojpeg, where it has no wheel
+        raise ConfigError(f"{picked['decoder']}: {decoding.missing()}; or pick decoder={options.fastest_cpu_decoder()}, "
+                          "the fastest CPU decoder installed here")
     if options.facts_of(order).in_runs and not stored.reads_runs:
         raise ConfigError(f"{picked['order']} reads runs of consecutive records at once, which {picked['format']} "
                           f"cannot: pick {' or '.join('format=' + name for name in options.having('format', 'reads_runs'))}"
