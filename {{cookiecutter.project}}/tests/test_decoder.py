@@ -2,10 +2,10 @@
 files. The decoders come from conf/decoder/*.yaml, and what each needs from its own `_facts_`."""
 import importlib
 import random
-from importlib import metadata
 import resource
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import cv2

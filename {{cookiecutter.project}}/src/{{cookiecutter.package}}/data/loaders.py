@@ -136,8 +136,8 @@ def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, orde
     stored, decoding = options.facts_of(format), options.facts_of(decoder)
     picked = {group: f"{group}={options.name_of(group, node)}"
               for group, node in (("format", format), ("staging", staging), ("decoder", decoder), ("order", order))}
-    if decoding.decode_rank and decoding.missing():  # the default decoder=turbojpeg, where it has no wheel
-        raise ConfigError(f"{picked['decoder']}: {decoding.missing()}; or pick decoder={options.fastest_cpu_decoder()}, "
+    if decoding.decode_rank and (missing := decoding.missing()):  # the default decoder=turbojpeg, where it has no wheel
+        raise ConfigError(f"{picked['decoder']}: {missing}; or pick decoder={options.fastest_cpu_decoder()}, "
                           "the fastest CPU decoder installed here")
     if options.facts_of(order).in_runs and not stored.reads_runs:
         raise ConfigError(f"{picked['order']} reads runs of consecutive records at once, which {picked['format']} "
