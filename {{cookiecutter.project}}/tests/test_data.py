@@ -1,4 +1,7 @@
 """The data path: uint8 crops out of the workers, bad files skipped and counted, seeded augmentation."""
+import multiprocessing
+import time
+
 import pytest
 import torch
 
@@ -131,6 +134,48 @@ def test_training_shards_are_disjoint_reshuffled_per_epoch_and_name_their_epoch(
 
     assert sorted(epoch(0, 0) + epoch(1, 0)) == list(range(12))
     assert epoch(0, 0) != epoch(0, 1)
+
+
+class CountedKeys(Keys):
+    """Keys, counting every key the workers fetched."""
+
+    def __init__(self):
+        self.fetched = multiprocessing.Value("i", 0)
+
+    def __getitem__(self, key):
+        with self.fetched.get_lock():
+            self.fetched.value += 1
+        return super().__getitem__(key)
+
+
+def test_workers_kept_between_epochs_start_the_next_epoch_and_every_epoch_gets_its_own_images():
+    """Workers kept between epochs fetch the next epoch's first batches before it is asked for, and an epoch taken
+    whole after one taken whole, after one left part-way, or resumed, gets the images and order set_epoch gives."""
+    def alone(epoch: int, skip: int = 0) -> list:
+        one = loader(Keys(), 2, True)
+        one.set_epoch(epoch, skip)
+        return [batch.tolist() for batch in one]
+
+    dataset = CountedKeys()
+    kept = make_loader(dataset, 2, True, 0, ALONE, num_workers=2, prefetch_factor=2, pin_memory=False,
+                       persistent_workers=True)
+    kept.set_epoch(0)
+    assert [batch.tolist() for batch in kept] == alone(0)
+    ahead = 2 * 2 * 2  # prefetch_factor batches of 2 keys for each of 2 workers
+    deadline = time.monotonic() + 30
+    while dataset.fetched.value < 12 + ahead and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert dataset.fetched.value == 12 + ahead  # epoch 1's first batches, and no more, before set_epoch(1)
+    kept.set_epoch(1)
+    assert [batch.tolist() for batch in kept] == alone(1)
+    kept.set_epoch(2)
+    part_way = iter(kept)
+    assert [next(part_way).tolist() for _ in range(2)] == alone(2)[:2]
+    kept.set_epoch(3)
+    assert [batch.tolist() for batch in kept] == alone(3)
+    kept.set_epoch(4, skip_images=4)
+    assert [batch.tolist() for batch in kept] == alone(4, 4)
 
 
 @pytest.mark.parametrize("before, after", [(2, 1), (1, 2), (1, 4)])

@@ -1,6 +1,7 @@
 """Every decoder agrees with every other: same labels, pixels within JPEG tolerance, same handling of odd
 files. The decoders come from conf/decoder/*.yaml, and what each needs from its own `_facts_`."""
 import importlib
+import io
 import random
 import resource
 import sys
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from PIL import Image
 from test_data import ALONE, CPU, loader
 
 from {{ cookiecutter.package }} import options
@@ -20,8 +22,8 @@ from {{ cookiecutter.package }}.contracts import Decoder
 from {{ cookiecutter.package }}.core import config
 from {{ cookiecutter.package }}.core.config import DISTRIBUTION, ConfigError, build, installs_here, this_machine
 from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
-from {{ cookiecutter.package }}.data.decoder import (CpuDecoder, huffman_8bit, pillow_decode, pixel_box, resize_box,
-                                                     scaled)
+from {{ cookiecutter.package }}.data.decoder import (CpuDecoder, header_size, huffman_8bit, is_cmyk_jpeg, pillow_decode,
+                                                     pixel_box, resize_box, scaled)
 from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
@@ -30,7 +32,7 @@ from {{ cookiecutter.package }}.data.loaders import check_fit
 from {{ cookiecutter.package }}.data.sources import imagenet
 from {{ cookiecutter.package }}.data.staging import no_staging
 
-from conftest import CONF, DEVICE, ODD_FILES, encoded, on_this_machine, photo
+from conftest import CONF, DEVICE, ODD_FILES, encoded, installed, on_this_machine, photo
 
 DECODERS = [name for name in options.options("decoder") if name != "none"]  # none: for format=tensor alone
 
@@ -312,6 +314,15 @@ def test_only_huffman_coded_8bit_jpegs_go_to_the_device():
     assert not huffman_8bit(b"") and not huffman_8bit(ODD_FILES["rgb"][:2])
 
 
+@pytest.mark.parametrize("kind", ODD_FILES)
+def test_the_header_walk_reads_the_size_and_colours_pillow_reads(kind):
+    """The workers read a file's size and whether it is CMYK from the JPEG's frame header instead of Pillow's
+    Image.open; both must say what Pillow says, whatever segments come first."""
+    data, image = ODD_FILES[kind], Image.open(io.BytesIO(ODD_FILES[kind]))
+    assert header_size(data) == image.size
+    assert is_cmyk_jpeg(data) == (image.format == "JPEG" and image.mode == "CMYK")
+
+
 class OneJpeg(torch.utils.data.Dataset):
     """`length` copies of one JPEG through a decoder's worker transform."""
 
@@ -459,6 +470,20 @@ def test_random_crops_through_a_region_decode_match_the_full_decode(name):
     random.seed(0)
     full = crops(FullDecode(), files, crop, CPU)
     assert mean_difference(region, full).max() < 1.0
+
+
+@pytest.mark.parametrize("name", installed("decoder", ["turbojpeg"]))
+def test_turbojpeg_reads_each_files_header_once(name, monkeypatch):
+    """A worker asks for a file's size, whether TurboJPEG reads it and its region, one after the other: one header
+    read serves the three, and files in turn, each decoded twice, each get their own."""
+    decoder, calls = make_decoder(name), []
+    call = decoder.call
+    monkeypatch.setattr(decoder, "call", lambda function, *args: calls.append(function) or call(function, *args))
+    files = [REGION_FILES[kind] for kind in ("420", "444", "grayscale", "420")]
+    random.seed(0)
+    twice = crops(decoder, [data for data in files for _ in range(2)], TrainCrop(64), CPU)
+    assert calls.count("tj3DecompressHeader") == len(files) and calls.count("tj3Decompress8") == 2 * len(files)
+    assert twice.shape == (2 * len(files), 3, 64, 64)
 
 
 def test_only_decoders_that_decode_a_region_say_so():

@@ -10,7 +10,8 @@ after a warm-up epoch.
 Every decoder option is timed where this machine can run it; one it cannot (a GPU decoder without a GPU,
 unless its facts say its CPU mode is worth timing; a missing extra) gets a row that says why.
 The references, on the same files and worker count:
-- ceiling: the fastest CPU decoder's single-process full-decode rate, times the cores in use;
+- ceiling: the fastest CPU decoder's single-process full-decode rate, times the cores in use, over passes timed
+  before each row and after the last (tools/ceilings.py says why);
 - region ceiling: the same for decoding only what each training crop keeps (decoders whose facts say
   `region_decode`), at the DCT scale the crop allows: what a loader that decodes regions cannot pass;
 - baseline: pytorch/examples' recipe, ImageFolder + PIL + RandomResizedCrop + ToTensor + Normalize in float32.

@@ -20,7 +20,7 @@ from ..core.faults import FaultyReads
 from .device import ToDevice
 from .images import Images, Splits, make_splits
 from .order import FULL_SHUFFLE
-from .sampling import EpochSampler, Shard
+from .sampling import EpochBatches, EpochSampler, Shard
 from .workers import pick_num_workers
 
 
@@ -56,40 +56,62 @@ def seed_worker(worker_id: int) -> None:
 
 class SampledLoader(DataLoader):
     """A DataLoader over our samplers, a `ResumableLoader` (contracts.py). Where an epoch stands is all a resumed
-    run needs, since augmentation is seeded per image, and the layout of readers the epoch's order was drawn for."""
+    run needs, since augmentation is seeded per image, and the layout of readers the epoch's order was drawn for.
+
+    With workers kept between epochs, one iterator of the DataLoader runs over the batches of epoch after epoch
+    (EpochBatches), and each epoch takes its own from it: the workers are already decoding the next epoch when this
+    one ends. An epoch that is not the one that iterator goes on with (a resumed epoch, an epoch left part-way)
+    starts a new iterator, which drops what the workers had begun."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stream, self.stream_goes_on_with = None, None  # the iterator, and the (epoch, skip, layout) it is at
+
+    @property
+    def epoch_sampler(self) -> EpochSampler:
+        return self.batch_sampler.sampler
 
     def set_epoch(self, epoch: int, skip_images: int = 0) -> None:
         """Shuffle for `epoch`, leaving out the first `skip_images` images all processes trained on; the
         loader's len is then the batches left."""
-        self.sampler.set_epoch(epoch, skip_images)
+        self.epoch_sampler.set_epoch(epoch, skip_images)
+
+    def __iter__(self):
+        sampler = self.epoch_sampler
+        if self.stream is None or self.stream_goes_on_with != (sampler.epoch, sampler.skip, sampler.epoch_layout):
+            self.stream = super().__iter__()
+        self.stream_goes_on_with = None  # until this epoch has been taken whole
+        for _ in range(len(self)):
+            yield next(self.stream)
+        if self.batch_sampler.endless:
+            self.stream_goes_on_with = (sampler.epoch + 1, 0, sampler.layout)
 
     def state(self, epoch: int, images_done: int) -> dict:
-        return {"layout": asdict(self.sampler.epoch_layout)}
+        return {"layout": asdict(self.epoch_sampler.epoch_layout)}
 
     def load_state(self, state: dict) -> None:
         if "layout" in state:
-            self.sampler.resume_layout(Layout(**state["layout"]))
+            self.epoch_sampler.resume_layout(Layout(**state["layout"]))
 
 
 def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: int, world: World,
                 num_workers: int, prefetch_factor: int, pin_memory: bool, persistent_workers: bool,
-                collate=None, order: Order = FULL_SHUFFLE) -> SampledLoader:
+                collate=None, order: Order = FULL_SHUFFLE) -> SampledLoader | DataLoader:
     """Training batches are shuffled and full, a different share per process; validation covers each image once.
 
     The training sampler (a DistributedSampler) serves a single process too (one replica needs no process
     group); its order depends only on seed and epoch, so a resumed run sees the order the uninterrupted
     one would have, from the batch where it stopped. `order` draws that order (validation's is the stored one).
     """
-    sampler = (EpochSampler(dataset, world.size, world.rank, seed, order, num_workers, batch_size)
-               if train else Shard(dataset, world))
-    return SampledLoader(
-        dataset, batch_size=batch_size, sampler=sampler, drop_last=train, num_workers=num_workers,
-        collate_fn=collate, pin_memory=pin_memory and world.device.type == "cuda",
-        prefetch_factor=prefetch_factor if num_workers else None,
-        persistent_workers=persistent_workers and num_workers > 0,
-        worker_init_fn=seed_worker,
-        generator=torch.Generator().manual_seed(seed + world.rank),  # a new worker base seed each epoch
-    )
+    settings = dict(num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory and world.device.type == "cuda",
+                    prefetch_factor=prefetch_factor if num_workers else None,
+                    persistent_workers=persistent_workers and num_workers > 0, worker_init_fn=seed_worker,
+                    generator=torch.Generator().manual_seed(seed + world.rank))  # a new worker base seed each epoch
+    if not train:
+        return DataLoader(dataset, batch_size=batch_size, sampler=Shard(dataset, world), **settings)
+    sampler = EpochSampler(dataset, world.size, world.rank, seed, order, num_workers, batch_size)
+    return SampledLoader(dataset, batch_sampler=EpochBatches(sampler, batch_size, settings["persistent_workers"]),
+                         **settings)
 
 
 def training_loader(stores: Stores, images: Images, batch_size: int, seed: int, world: World, collate,

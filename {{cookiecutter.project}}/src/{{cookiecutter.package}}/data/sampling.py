@@ -1,4 +1,7 @@
 """Which images each process trains on, and in which order: one permutation per epoch, strided over the processes."""
+import itertools
+from collections.abc import Iterator
+
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
@@ -36,12 +39,22 @@ class EpochSampler(DistributedSampler):
         """The layout the epoch about to be resumed began with."""
         self.resumed_layout = layout
 
+    def pairs(self, epoch: int, skip: int, layout: Layout) -> list[tuple[int, int]]:
+        """(index, epoch) pairs of this process in `epoch` drawn for `layout`, after its first `skip` images: the data
+        set seeds each image's augmentation from them."""
+        order = self.order.permutation(len(self.dataset), torch.Generator().manual_seed(self.seed + epoch), layout)
+        rest = order[skip:].tolist()
+        count = max(0, len(self.dataset) - skip) // self.num_replicas
+        return [(index, epoch) for index in rest[self.rank:count * self.num_replicas:self.num_replicas]]
+
     def __iter__(self):
-        """(index, epoch) pairs: the data set seeds each image's augmentation from them."""
-        order = self.order.permutation(len(self.dataset), torch.Generator().manual_seed(self.seed + self.epoch),
-                                       self.epoch_layout)
-        rest = order[self.skip:].tolist()
-        return iter([(index, self.epoch) for index in rest[self.rank:len(self) * self.num_replicas:self.num_replicas]])
+        return iter(self.pairs(self.epoch, self.skip, self.epoch_layout))
+
+    def epochs(self) -> Iterator[list[tuple[int, int]]]:
+        """This epoch's pairs, then those of every later epoch, each as `set_epoch(epoch)` would give them."""
+        yield self.pairs(self.epoch, self.skip, self.epoch_layout)
+        for epoch in itertools.count(self.epoch + 1):
+            yield self.pairs(epoch, 0, self.layout)
 
     def __len__(self) -> int:
         return max(0, len(self.dataset) - self.skip) // self.num_replicas
@@ -58,3 +71,21 @@ class Shard(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+class EpochBatches(Sampler[list]):
+    """The epoch sampler's batches, the last partial one left out. `endless`: epoch after epoch, so that workers kept
+    between epochs start the next epoch's first batches while the training process ends this one and validates,
+    instead of every epoch opening with the training process waiting for a first batch to decode."""
+
+    def __init__(self, sampler: EpochSampler, batch_size: int, endless: bool):
+        self.sampler, self.batch_size, self.endless = sampler, batch_size, endless
+
+    def __iter__(self):
+        for pairs in self.sampler.epochs() if self.endless else [list(self.sampler)]:
+            for start in range(0, len(pairs) - self.batch_size + 1, self.batch_size):
+                yield pairs[start:start + self.batch_size]
+
+    def __len__(self) -> int:
+        """Batches in the epoch set last."""
+        return len(self.sampler) // self.batch_size

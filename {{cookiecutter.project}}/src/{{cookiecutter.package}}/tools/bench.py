@@ -4,7 +4,7 @@ import logging
 import multiprocessing
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from ..data.images import REPLACEMENTS, WrongDataSet, make_splits
 from ..data.loaders import training_loader
 from ..data.sources import Source
 from ..data.staging import no_staging
-from .ceilings import CEILING_FILES, ceilings
+from .ceilings import CEILING_FILES, Ceilings, cores_for, shares
 from .pack import pack
 from .staged import counted, stagings, timed_staging
 from .storage_probe import storage_rows
@@ -34,18 +34,31 @@ COLUMNS = ("decoder", "format", "order", "staging", "num_workers", "images_per_s
            "vs_region_ceiling", "unreadable", "staging_s", "page_cache", "read_mb_s", "sequential_mb_s", "first_batch_s", "limit", "note")
 
 
-def time_epochs(loader, epochs: int, upload=lambda batch: None, device: torch.device = ALONE.device) -> float:
-    """Images per second over `epochs` whole passes, each batch through `upload`, after one untimed pass."""
+@dataclass
+class Timed:
+    rate: float  # images per second over the timed epochs
+    epoch_start_s: float  # from an epoch's start to its first batch, the mean over the timed epochs
+
+
+def time_epochs(loader, epochs: int, upload=lambda batch: None, device: torch.device = ALONE.device,
+                set_epoch=lambda epoch: None) -> Timed:
+    """`epochs` whole passes, each batch through `upload`, after one untimed pass; `set_epoch` starts each, as
+    training starts its epochs."""
+    set_epoch(0)
     for batch in loader:
         upload(batch)
     _synchronize(device)
-    start, images = time.perf_counter(), 0
-    for _ in range(epochs):
-        for batch in loader:
+    start, images, epoch_starts = time.perf_counter(), 0, []
+    for epoch in range(1, epochs + 1):
+        set_epoch(epoch)
+        epoch_start = time.perf_counter()
+        for index, batch in enumerate(loader):
             upload(batch)
+            if index == 0:
+                epoch_starts.append(time.perf_counter() - epoch_start)
             images += len(batch[1])
     _synchronize(device)
-    return images / (time.perf_counter() - start)
+    return Timed(images / (time.perf_counter() - start), sum(epoch_starts) / max(1, len(epoch_starts)))
 
 
 def _synchronize(device: torch.device) -> None:
@@ -120,10 +133,10 @@ def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: i
     if len(dataset) < batch_size:  # no full batch to time, in this loader or any other
         raise ConfigError(f"bench.batch_size={batch_size} is more than the {len(dataset)} training images under {root}: "
                           f"pass a smaller bench.batch_size")
-    rate = time_epochs(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                                  num_workers=num_workers, persistent_workers=num_workers > 0), epochs,
-                       lambda batch: batch[0].to(device, non_blocking=True), device)
-    return rate, sum(dataset.bad)
+    timed = time_epochs(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
+                                   num_workers=num_workers, persistent_workers=num_workers > 0), epochs,
+                        lambda batch: batch[0].to(device, non_blocking=True), device)
+    return timed.rate, sum(dataset.bad)
 
 
 def format_node(format: str, source: Source, pack_dir: Path, short_side: int) -> DictConfig:
@@ -186,8 +199,8 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     data_mb = bytes_in(source.root / "train") / 1e6
     cache = f"warm: read once in warm-up; {data_mb:.0f} MB vs {psutil.virtual_memory().available / 1e9:.0f} GB free RAM"
     fallback = options.fastest_cpu_decoder()
-    full, region = ceilings(source.root, cpu_decoders or {fallback: make_decoder(fallback, settings.batch_size, device, {})},
-                            source.crop_size)
+    references = Ceilings(source.root, cpu_decoders or {fallback: make_decoder(fallback, settings.batch_size, device, {})},
+                          source.crop_size)
     rows, pack_dir = [], Path(settings.pack_dir).expanduser()
     with stagings(list(settings.stagings)) as stages:
         staged = {(format, name): timed_staging(partial(build, format_node(format, source, pack_dir, settings.short_side),
@@ -195,57 +208,55 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                   for format in settings.formats for name, (stage, copies) in stages.items()
                   if not (copies and options.facts("format", format).streams)}  # it streams: nothing to copy
         for workers in settings.num_workers:
-            cores = max(1, min(workers, os.cpu_count() or 1))
+            references.measure()
             baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size, workers,
                                                    settings.timed_epochs, device)
-            reference = [
-                {"decoder": "ceiling", "format": "memory", "num_workers": workers, "images_per_s": full.rate * cores,
-                 "reference": True, "unreadable": full.unreadable, "note": f"{full.decoder} full decode, 1 process x "
-                                        f"{cores} cores, unreadable files of the {CEILING_FILES} first skipped"},
-                {"decoder": "baseline", "format": "folder", "num_workers": workers, "images_per_s": baseline_rate,
-                 "reference": True, "unreadable": baseline_bad,
-                 "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped"}]
-            regional = {"decoder": "region ceiling", "format": "memory", "num_workers": workers, "reference": True,
-                        "images_per_s": region.rate * cores if region else 0.0, "unreadable": region.unreadable if region
-                        else "", "note": f"{region.decoder} decodes the training crop's region only, 1 process x {cores} "
-                        f"cores, files in memory" if region else "not run: no decoder here decodes a region"}
-            rows += [*reference, regional]
+            rows += [{"decoder": "ceiling", "format": "memory", "num_workers": workers, "ceiling": references.full,
+                      "note": f"{references.full.decoder} full decode, 1 process x {cores_for(workers)} cores, "
+                              f"unreadable files of the {CEILING_FILES} first skipped"},
+                     {"decoder": "baseline", "format": "folder", "num_workers": workers, "images_per_s": baseline_rate,
+                      "reference": True, "unreadable": baseline_bad,
+                      "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped"},
+                     {"decoder": "region ceiling", "format": "memory", "num_workers": workers, "ceiling": references.region,
+                      "note": f"{references.region.decoder} decodes the training crop's region only, 1 process x "
+                              f"{cores_for(workers)} cores, files in memory" if references.region
+                      else "not run: no decoder here decodes a region"}]
             for (format, staging), (stores, staging_s) in staged.items():
                 holds_pixels = options.facts("format", format).holds_pixels
                 for order_name, order in orders_for(format, settings.orders).items():
                     ordered = replace(stores, train=order.reads(stores.train))
                     for name, decoder in (pixels if holds_pixels else runnable).items():
                         splits = make_splits(source, ordered, decoder)
+                        references.measure()
                         loader = training_loader(ordered, splits.train, settings.batch_size, 0, ALONE,
                                                  splits.decoder.collate, order, num_workers=workers,
                                                  prefetch_factor=2, pin_memory=False, persistent_workers=True)
-                        rate = time_epochs(loader, settings.timed_epochs,
-                                           lambda batch: splits.decoder.upload(batch[0], device, True), device)
+                        timed = time_epochs(loader, settings.timed_epochs,
+                                            lambda batch: splits.decoder.upload(batch[0], device, True), device,
+                                            loader.set_epoch)
                         rows.append({"decoder": name, "format": format, "order": order_name, "staging": staging,
-                                     "num_workers": workers, "images_per_s": rate, "staging_s": staging_s,
+                                     "num_workers": workers, "images_per_s": timed.rate, "staging_s": staging_s,
+                                     "first_batch_s": timed.epoch_start_s,
                                      "unreadable": int(splits.train.bad_flags().sum()),
                                      "note": "; ".join(filter(None, [decoder.settings,
                                                                      "pre-decoded pixels" if holds_pixels else "",
-                                                                     counted(staging_s, len(splits.train), rate,
+                                                                     f"epoch start {timed.epoch_start_s:.2f} s",
+                                                                     counted(staging_s, len(splits.train), timed.rate,
                                                                              settings.timed_epochs)]))})
                         log.info("%s / %s / order=%s / staging=%s / %d workers: %.0f images/s", name, format,
-                                 order_name, staging, workers, rate)
+                                 order_name, staging, workers, timed.rate)
                 if not holds_pixels:
                     rows += [{"decoder": name, "format": format, "staging": staging, "num_workers": workers,
                               "images_per_s": 0.0, "unreadable": "", "note": f"not run: {reason}"}
                              for name, reason in unable.items()]
-            for row in rows:
-                if row["num_workers"] == workers:
-                    row["vs_baseline"] = row["images_per_s"] / reference[1]["images_per_s"]
-                    row["vs_ceiling"] = row["images_per_s"] / reference[0]["images_per_s"]
-                    row["vs_region_ceiling"] = row["images_per_s"] / regional["images_per_s"] if region else ""
-                    row["page_cache"] = cache
+    references.measure()
+    shares(rows, cache)
     for row in rows:
         row["note"] = "; ".join(filter(None, [row["note"], f"on {device.type}"]))
     if settings.probe_storage:
         readers = sorted({1, *(max(1, n) for n in settings.num_workers)})
         probed = {format: stores_for(format, source, pack_dir, settings.short_side).train for format in settings.formats}
-        rows += storage_rows(probed, readers, {count: full.rate * min(count, os.cpu_count() or 1) for count in readers})
+        rows += storage_rows(probed, readers, {count: references.full.rate * cores_for(count) for count in readers})
     with (run_dir / "bench.csv").open("w", newline="") as file:
         writer = csv.DictWriter(file, COLUMNS, extrasaction="ignore")
         writer.writeheader()

@@ -1,15 +1,22 @@
-"""The two references bench puts beside every row: what the cores could decode, files already in memory, one process.
+"""The two references bench puts beside every row, what the cores could decode with files already in memory in one
+process, and each row's share of them:
 
 - the full-decode ceiling decodes every pixel of every file at full size: what a loader that decodes whole
   images, then crops, cannot pass;
 - the region-decode ceiling decodes only what the training crop keeps (a decoder whose facts say `region_decode`),
   at the DCT scale the crop allows: what a loader that decodes regions cannot pass.
+
+Each is measured in passes spread over the whole bench, one of each before every row and one after the last, and is
+the rate over all its passes. A row is timed for seconds or minutes on a machine whose speed drifts: on an idle
+2-core VM, half-second passes over the same 300 photos ran anywhere from 426 to 667 a second within one minute. A
+reference measured once, at the start, or its best pass, would describe another machine than the one the rows ran on.
 """
 import logging
+import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import options
@@ -19,42 +26,53 @@ from ..data.format.folder import open_tree
 
 log = logging.getLogger(__name__)
 
-CEILING_FILES = 300  # files decoded for each ceiling, at most
-PASSES = 3  # over the files, for each decoder: a ceiling is the best pass, the one others disturbed least
+CEILING_FILES = 300  # files decoded in each pass, at most
 
 
 @dataclass
 class Ceiling:
     decoder: str  # the fastest decoder, whose rate this is
-    rate: float  # decodes per second in one process
     unreadable: int  # of the files it was timed on, skipped as training skips them
+    passes: list[tuple[int, float]] = field(default_factory=list)  # (files decoded, seconds) of each pass
+
+    @property
+    def rate(self) -> float:
+        """Decodes per second in one process, over all passes."""
+        return sum(decoded for decoded, _ in self.passes) / sum(seconds for _, seconds in self.passes)
+
+    def spread(self) -> str:
+        rates = [decoded / seconds for decoded, seconds in self.passes]
+        return f"{len(rates)} passes beside the rows, {min(rates):.0f}-{max(rates):.0f}/s"
 
 
-def fastest(files: list[bytes], decoders: dict[str, CpuDecoder], decode: Callable) -> Ceiling | None:
-    """The fastest of `decoders` at `decode(decoder, data)` over `files`, in the best of `PASSES` passes, after one
-    warm-up decode each."""
-    rates, unreadable = {}, {}
-
-    def decodes(decoder: CpuDecoder, data: bytes) -> bool:
+def decode_pass(files: list[bytes], decoder: CpuDecoder, decode: Callable) -> tuple[int, float]:
+    """(files decoded, seconds) of `decode(decoder, data)` over `files`; an unreadable file is skipped, as training
+    skips it."""
+    decoded, start = 0, time.perf_counter()
+    for data in files:
         try:
             with decoding():
                 decode(decoder, data)
+            decoded += 1
         except Unreadable:
-            return False
-        return True
+            pass
+    return decoded, time.perf_counter() - start
 
+
+def fastest(files: list[bytes], decoders: dict[str, CpuDecoder], decode: Callable) -> Ceiling | None:
+    """The fastest of `decoders` at `decode(decoder, data)` over `files`, each timed in turn over two passes after a
+    warm-up decode; the passes that chose it are not the ceiling's."""
+    timed = {}
     for name, decoder in decoders.items():
-        next((data for data in files if decodes(decoder, data)), None)  # warm-up
-        for _ in range(PASSES):
-            start = time.perf_counter()
-            decoded = sum(decodes(decoder, data) for data in files)
-            rates[name] = max(rates.get(name, 0.0), decoded / (time.perf_counter() - start))
-            unreadable[name] = len(files) - decoded
-    if not rates:
+        decode_pass(files[:1], decoder, decode)
+        timed[name] = [decode_pass(files, decoder, decode) for _ in range(2)]
+    if not timed:
         return None
+    rates = {name: sum(decoded for decoded, _ in passes) / sum(seconds for _, seconds in passes)
+             for name, passes in timed.items()}
     best = max(rates, key=rates.get)
     log.info("one process, files in memory: %s", ", ".join(f"{name} {rate:.0f}/s" for name, rate in rates.items()))
-    return Ceiling(best, rates[best], unreadable[best])
+    return Ceiling(best, len(files) - timed[best][0][0])
 
 
 def full_decode(decoder: CpuDecoder, data: bytes) -> None:
@@ -70,10 +88,45 @@ def region_decode(crop: TrainCrop) -> Callable:
     return decode
 
 
-def ceilings(root: Path, decoders: dict[str, CpuDecoder], crop_size: int) -> tuple[Ceiling, Ceiling | None]:
-    """The full-decode ceiling, and the region-decode ceiling (None where no decoder here decodes a region)."""
-    train, _, _ = open_tree(root)
-    files = [train.payload(index) for index in range(min(len(train), CEILING_FILES))]
-    random.seed(0)  # the same crops in every run
-    regional = {name: decoder for name, decoder in decoders.items() if options.facts("decoder", name).region_decode}
-    return fastest(files, decoders, full_decode), fastest(files, regional, region_decode(TrainCrop(crop_size)))
+class Ceilings:
+    """The full-decode ceiling and the region-decode ceiling (None where no decoder here decodes a region) of the
+    training files under `root`, for `decoders`; `measure` times one more pass of each."""
+
+    def __init__(self, root: Path, decoders: dict[str, CpuDecoder], crop_size: int):
+        train, _, _ = open_tree(root)
+        self.files = [train.payload(index) for index in range(min(len(train), CEILING_FILES))]
+        random.seed(0)  # the same crops in every run
+        self.decoders = decoders
+        self.decodes = {"full": full_decode, "region": region_decode(TrainCrop(crop_size))}
+        regional = {name: decoder for name, decoder in decoders.items() if options.facts("decoder", name).region_decode}
+        self.full = fastest(self.files, decoders, full_decode)
+        self.region = fastest(self.files, regional, self.decodes["region"])
+
+    def measure(self) -> None:
+        for kind, ceiling in (("full", self.full), ("region", self.region)):
+            if ceiling is not None:
+                ceiling.passes.append(decode_pass(self.files, self.decoders[ceiling.decoder], self.decodes[kind]))
+
+
+def cores_for(workers: int) -> int:
+    """The cores a loader of `workers` processes keeps busy."""
+    return max(1, min(workers, os.cpu_count() or 1))
+
+
+def shares(rows: list[dict], cache: str) -> None:
+    """The references' rates, once every pass of the ceilings is timed, and each row as a share of those of its
+    worker count."""
+    for row in rows:
+        if "ceiling" in row:
+            ceiling: Ceiling | None = row.pop("ceiling")
+            row.update(reference=True, images_per_s=ceiling.rate * cores_for(row["num_workers"]) if ceiling else 0.0,
+                       unreadable=ceiling.unreadable if ceiling else "",
+                       note="; ".join(filter(None, [row["note"], ceiling.spread() if ceiling else ""])))
+    for row in rows:
+        full, baseline_row, region = (next(reference for reference in rows if reference["decoder"] == name and
+                                           reference["num_workers"] == row["num_workers"])
+                                      for name in ("ceiling", "baseline", "region ceiling"))
+        row["vs_baseline"] = row["images_per_s"] / baseline_row["images_per_s"]
+        row["vs_ceiling"] = row["images_per_s"] / full["images_per_s"]
+        row["vs_region_ceiling"] = row["images_per_s"] / region["images_per_s"] if region["images_per_s"] else ""
+        row["page_cache"] = cache

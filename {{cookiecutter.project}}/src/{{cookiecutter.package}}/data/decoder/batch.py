@@ -14,7 +14,7 @@ from torch.utils.data import get_worker_info
 from ... import options
 from ...contracts import Crop, Decoder
 from ...core.config import ConfigError
-from . import (DecodeCrop, Unreadable, decoding, exif_orientation, huffman_8bit, jpeg_end, pil_size, pixel_box,
+from . import (DecodeCrop, Unreadable, decoding, exif_orientation, header_size, huffman_8bit, jpeg_end, pixel_box,
                reads_as_jpeg)
 from .pil import PilDecoder
 
@@ -60,7 +60,7 @@ class EncodedOrPixels:
     def __call__(self, data: bytes) -> Encoded | torch.Tensor:
         with decoding():
             on_the_device = reads_as_jpeg(data) and huffman_8bit(data)
-            width, height = pil_size(data)
+            width, height = header_size(data)
         if not on_the_device:
             return self.fallback(data)
         if not data.endswith(b"\xff\xd9"):  # a trailer after the image, or a truncated file, which would fail its batch

@@ -46,11 +46,12 @@ class DaliDecoder(BatchDecoder):
         size = encoded[0].size
         if self.pipeline is None:
             self.pipeline = self.build(device, size)
-        boxes = [(left, top, right - left, bottom - top) for left, top, right, bottom in (item.box for item in encoded)]
+        boxes = np.array([item.box for item in encoded], np.float32)  # left, top, right, bottom
+        # One array per input, the batch its first dimension: 3 ms a batch of 64 where a list of arrays took 5 to 11.
         self.pipeline.feed_input("jpegs", [item.data.numpy() for item in encoded])
-        self.pipeline.feed_input("anchors", [np.array(box[:2], np.float32) for box in boxes])
-        self.pipeline.feed_input("shapes", [np.array(box[2:], np.float32) for box in boxes])
-        self.pipeline.feed_input("mirror", [np.array(int(item.flip), np.int32) for item in encoded])
+        self.pipeline.feed_input("anchors", np.ascontiguousarray(boxes[:, :2]))
+        self.pipeline.feed_input("shapes", boxes[:, 2:] - boxes[:, :2])
+        self.pipeline.feed_input("mirror", np.array([item.flip for item in encoded], np.int32))
         # This executor (exec_async=False, exec_pipelined=False) writes each run's output over the last one's, and
         # the copy out of it is only queued on torch's stream: it must be done before the next run starts.
         if self.copied is not None:

@@ -73,12 +73,20 @@ class TurboJpegDecoder(CpuDecoder):
         return result
 
     def header(self, data: bytes) -> tuple[np.ndarray, dict[int, int]]:
-        """The file as a buffer TurboJPEG reads, and its header's width, height, subsampling, precision, colourspace."""
+        """The file as a buffer TurboJPEG reads, and its header's width, height, subsampling, precision, colourspace.
+
+        A worker asks for the size, whether the file is read here and its region, one after the other: the header is
+        read once per file, and this thread's handle keeps that file's header for the decode that follows."""
+        if getattr(self.local, "data", None) is data:  # `local` holds `data`, so no other object can have its id
+            return self.local.parsed
+        self.local.data = None  # until the header below has been read
         buffer = np.frombuffer(data, np.uint8)
         self.call("tj3DecompressHeader", buffer.ctypes.data, buffer.size)
         # Not through `call`: -1 is a value here (TJSAMP_UNKNOWN, a sampling TurboJPEG decodes but cannot crop).
-        return buffer, {key: library().tj3Get(self.local.handle, key)
-                        for key in (SUBSAMPLING, WIDTH, HEIGHT, PRECISION, COLOURSPACE)}
+        self.local.parsed = buffer, {key: library().tj3Get(self.local.handle, key)
+                                     for key in (SUBSAMPLING, WIDTH, HEIGHT, PRECISION, COLOURSPACE)}
+        self.local.data = data
+        return self.local.parsed
 
     def image_size(self, data: bytes) -> tuple[int, int]:
         try:
