@@ -77,14 +77,16 @@ class SampledLoader(DataLoader):
         self.epoch_sampler.set_epoch(epoch, skip_images)
 
     def __iter__(self):
+        if not self.batch_sampler.endless:  # one epoch, and its workers end with it
+            yield from super().__iter__()
+            return
         sampler = self.epoch_sampler
         if self.stream is None or self.stream_goes_on_with != (sampler.epoch, sampler.skip, sampler.epoch_layout):
             self.stream = super().__iter__()
         self.stream_goes_on_with = None  # until this epoch has been taken whole
         for _ in range(len(self)):
             yield next(self.stream)
-        if self.batch_sampler.endless:
-            self.stream_goes_on_with = (sampler.epoch + 1, 0, sampler.layout)
+        self.stream_goes_on_with = (sampler.epoch + 1, 0, sampler.layout)
 
     def state(self, epoch: int, images_done: int) -> dict:
         return {"layout": asdict(self.epoch_sampler.epoch_layout)}
