@@ -70,7 +70,9 @@ def test_sweep_reports_each_run_beside_the_ceiling_and_records_failures(tmp_path
     real = rows["real"]
     assert real["status"] == "ok" and "prefetcher=none" in real["command"] and "prefetcher=resident" not in \
         real["command"]
-    assert abs(float(real["vs_ceiling"]) - float(real["images_per_s"]) / ceiling) < 0.01
+    # The CSV gives rates to 0.1 image/s, so their ratio is off the unrounded one by up to about 0.05 / ceiling each
+    ratio = float(real["images_per_s"]) / ceiling
+    assert abs(float(real["vs_ceiling"]) - ratio) < 0.001 + 0.05 * (1 + ratio) / ceiling, (real, ceiling)
     assert rows["nvjpeg"]["status"] == "failed: decoder=nvjpeg decodes on the GPU and this run has none: pass " \
                                        f"decoder.on_cpu=true to run its batched path on the CPU, or pick decoder={options.fastest_cpu_decoder()}"
     assert rows["ceiling"]["bound"] == "compute" and rows["ceiling"]["device"].startswith("cpu")

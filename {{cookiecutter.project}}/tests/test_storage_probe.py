@@ -27,7 +27,12 @@ def test_reads_from_a_slow_disk_are_counted_cold_and_limit_the_loader_where_loca
         assert on_disk[readers]["page_cache"].startswith("cold")
 
 
-def test_dropping_the_cache_is_checked_where_the_file_system_can_tell(tiny_root):
-    """Where RWF_NOWAIT works (local file systems), a dropped file must read as not cached."""
-    state = drop_cached(sorted((tiny_root / "train").rglob("*.JPEG")))
+def test_dropping_the_cache_is_checked_where_the_file_system_can_tell(tiny_root, tmp_path):
+    """Where RWF_NOWAIT works (local file systems), a dropped file must read as not cached: files just written, whose
+    pages are not yet on disk, and that no other test's loader can be reading."""
+    files = []
+    for source in sorted((tiny_root / "train").rglob("*.JPEG")):
+        files.append(tmp_path / f"{len(files)}.JPEG")
+        files[-1].write_bytes(source.read_bytes())
+    state = drop_cached(files)
     assert state.startswith("cold"), state

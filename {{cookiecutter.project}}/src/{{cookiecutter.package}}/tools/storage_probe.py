@@ -44,6 +44,7 @@ def drop_cached(files: list[Path]) -> str:
         return "warm: this OS cannot drop a file's cached pages"
     for file in files:
         with open(file, "rb") as handle:
+            os.fdatasync(handle.fileno())  # pages not yet written back (a data set just written) cannot be dropped
             os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     probe = next((file for file in files if file.stat().st_size), files[0])
     with open(probe, "rb", buffering=0) as handle:
