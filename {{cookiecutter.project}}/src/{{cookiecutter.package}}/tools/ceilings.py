@@ -65,14 +65,14 @@ def fastest(files: list[bytes], decoders: dict[str, CpuDecoder], decode: Callabl
     timed = {}
     for name, decoder in decoders.items():
         decode_pass(files[:1], decoder, decode)
-        timed[name] = [decode_pass(files, decoder, decode) for _ in range(2)]
+        passes = [decode_pass(files, decoder, decode) for _ in range(2)]
+        timed[name] = Ceiling(name, len(files) - passes[0][0], passes)
     if not timed:
         return None
-    rates = {name: sum(decoded for decoded, _ in passes) / sum(seconds for _, seconds in passes)
-             for name, passes in timed.items()}
-    best = max(rates, key=rates.get)
-    log.info("one process, files in memory: %s", ", ".join(f"{name} {rate:.0f}/s" for name, rate in rates.items()))
-    return Ceiling(best, len(files) - timed[best][0][0])
+    best = max(timed.values(), key=lambda ceiling: ceiling.rate)
+    log.info("one process, files in memory: %s",
+             ", ".join(f"{name} {ceiling.rate:.0f}/s" for name, ceiling in timed.items()))
+    return Ceiling(best.decoder, best.unreadable)
 
 
 def full_decode(decoder: CpuDecoder, data: bytes) -> None:
