@@ -22,8 +22,8 @@ from {{ cookiecutter.package }}.contracts import Decoder
 from {{ cookiecutter.package }}.core import config
 from {{ cookiecutter.package }}.core.config import DISTRIBUTION, ConfigError, build, installs_here, this_machine
 from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
-from {{ cookiecutter.package }}.data.decoder import (CpuDecoder, header_size, huffman_8bit, is_cmyk_jpeg, pillow_decode,
-                                                     pixel_box, resize_box, scaled)
+from {{ cookiecutter.package }}.data.decoder import (CpuDecoder, exif_orientation, header_size, huffman_8bit,
+                                                     is_cmyk_jpeg, pillow_decode, pixel_box, resize_box, scaled)
 from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
@@ -316,11 +316,12 @@ def test_only_huffman_coded_8bit_jpegs_go_to_the_device():
 
 @pytest.mark.parametrize("kind", ODD_FILES)
 def test_the_header_walk_reads_the_size_and_colours_pillow_reads(kind):
-    """The workers read a file's size and whether it is CMYK from the JPEG's frame header instead of Pillow's
-    Image.open; both must say what Pillow says, whatever segments come first."""
+    """The workers read a file's size, whether it is CMYK and whether it carries an EXIF orientation from the JPEG's
+    header segments instead of Pillow's Image.open; all must say what Pillow says, whatever segments come first."""
     data, image = ODD_FILES[kind], Image.open(io.BytesIO(ODD_FILES[kind]))
     assert header_size(data) == image.size
     assert is_cmyk_jpeg(data) == (image.format == "JPEG" and image.mode == "CMYK")
+    assert exif_orientation(data) == (image.getexif().get(0x0112, 1) if image.format == "JPEG" else 1)
 
 
 class OneJpeg(torch.utils.data.Dataset):
@@ -360,25 +361,31 @@ def two_batches() -> list[list[bytes]]:
     return [[encoded(photo(320, 240, seed=seed)) for seed in seeds] for seeds in ((1, 2), (3, 4))]
 
 
-def test_dali_overwrites_its_output_at_each_run_and_each_batch_is_copied_out_first(monkeypatch):
-    """What DALI's executor does (a view of one run's output shows the next run's pixels), and that no batch of ours
-    is that view."""
-    decoder = make_decoder("dali")
-    views = []
-    crops(decoder, two_batches()[0], CenterCrop(64, 73))  # builds the pipeline
-    run = decoder.pipeline.run
+@pytest.mark.parametrize("name", DECODERS)
+def test_uploads_stream_each_batch_as_upload_makes_it_with_its_own_labels(name):
+    """A decoder may start `ahead` batches before it hands one over (DALI, whose executor decodes beside the host):
+    the stream still yields each batch as `upload` makes it alone, with its labels, though all are kept at once and
+    a pass left after its first batch (max_steps, limit_val_batches) still holds one started."""
+    decoder, crop = make_decoder(name), CenterCrop(48, 56)
+    transform = decoder.transform(crop)
+    batches = [decoder.collate([(transform(encoded(photo(160, 120, seed=4 * batch + item))), 4 * batch + item)
+                                for item in range(4)]) for batch in range(3)]
+    alone = [decoder.upload(images, DEVICE, False).cpu().clone() for images, _ in batches]
+    assert not torch.equal(alone[0], alone[1])
+    pulled = []
 
-    def keeping_a_view():
-        outputs = run()
-        views.append(np.asarray(outputs[0].as_tensor()) if decoder.on_cpu else None)
-        return outputs
+    def loader():
+        for batch in batches:
+            pulled.append(batch)
+            yield batch
 
-    monkeypatch.setattr(decoder.pipeline, "run", keeping_a_view)
-    first, second = (crops(decoder, batch, CenterCrop(64, 73)) for batch in two_batches())
-    alone = crops(make_decoder("dali"), two_batches()[0], CenterCrop(64, 73))
-    assert torch.equal(first, alone) and not torch.equal(first, second)
-    if decoder.on_cpu:
-        assert np.array_equal(views[0], second.numpy()) and not np.array_equal(views[0], first.numpy())
+    left_early = decoder.uploads(loader(), DEVICE, False)
+    next(left_early)
+    assert len(pulled) == 1 + getattr(decoder, "ahead", 0), "batches started before the first was handed over"
+    streamed = list(decoder.uploads(iter(batches), DEVICE, False))
+    assert [labels.tolist() for _, labels in streamed] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    for (images, _), reference in zip(streamed, alone):
+        assert torch.equal(images.cpu(), reference)
 
 
 @pytest.mark.gpu

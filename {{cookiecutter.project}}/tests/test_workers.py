@@ -26,9 +26,10 @@ def train_set(tiny_root):
     return make_splits(source, folder.build(source, no_staging), PilDecoder()).train
 
 
-def test_candidates_go_up_to_the_cores():
-    assert workers.candidates(1) == [1]
-    assert workers.candidates(6) == [1, 2, 4, 6]
+def test_candidates_go_up_to_the_cores_and_from_none_for_a_decoder_beside_the_training_process():
+    assert workers.candidates(1, decodes_beside=False) == [1]
+    assert workers.candidates(6, decodes_beside=False) == [1, 2, 4, 6]
+    assert workers.candidates(2, decodes_beside=True) == [0, 1, 2]
 
 
 def test_auto_measures_picks_the_fastest_and_caches_it(train_set, tmp_path, monkeypatch, caplog):
@@ -47,6 +48,17 @@ def test_auto_measures_picks_the_fastest_and_caches_it(train_set, tmp_path, monk
     assert list(json.loads((tmp_path / "num_workers.json").read_text()).values()) == [2]
     assert workers.pick_num_workers("auto", train_set, 2, "pil|crop 32", loader_with(train_set)) == 2
     assert timed == [1, 2, 4]  # the second run read the cache
+
+
+def test_auto_lets_a_decoder_beside_the_training_process_read_the_files_itself(train_set, tmp_path, monkeypatch):
+    """DALI's executor decodes beside the training process: there the sweep also times no workers at all."""
+    monkeypatch.setattr(workers, "CACHE", tmp_path / "num_workers.json")
+    monkeypatch.setattr(workers, "cores_per_process", lambda: 2)
+    monkeypatch.setattr(workers, "images_per_s", lambda loader, batch_size: {0: 310.0, 1: 200.0, 2: 300.0}[
+        loader.num_workers])
+    assert workers.pick_num_workers("auto", train_set, 2, "dali|crop 32", loader_with(train_set),
+                                    decodes_beside=True) == 0
+    assert workers.pick_num_workers("auto", train_set, 2, "pil|crop 32", loader_with(train_set)) == 2
 
 
 def test_auto_really_times_a_loader(train_set):

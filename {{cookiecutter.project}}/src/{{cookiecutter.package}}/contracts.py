@@ -22,7 +22,7 @@ labels): workers produce uint8 HWC crops (or encoded bytes, for GPU decoders) an
 """
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -130,6 +130,9 @@ class Order(ABC):
 
 class Decoder(ABC):
     """What the data pipeline asks of every decoder: a worker transform, a collate, an upload to the device."""
+    # Batches started before the one before them is handed over: above 0 for a decoder that decodes beside the
+    # training process (DALI's executor), which can then read the files itself while the decoder works.
+    ahead = 0
 
     @abstractmethod
     def transform(self, crop: Crop) -> Callable:
@@ -141,6 +144,13 @@ class Decoder(ABC):
     def upload(self, images, device: torch.device, non_blocking: bool) -> torch.Tensor:
         """A collated batch -> uint8 NCHW images on `device`."""
         return images.to(device, non_blocking=non_blocking).permute(0, 3, 1, 2)
+
+    def uploads(self, batches: Iterable, device: torch.device, non_blocking: bool
+                ) -> Iterator[tuple[torch.Tensor, Any]]:
+        """Collated (images, labels) batches -> (uploaded images, labels), in their order. A decoder that decodes
+        beside the host may start the next batch before it hands over this one."""
+        for images, labels in batches:
+            yield self.upload(images, device, non_blocking), labels
 
     def check_device(self, device: torch.device) -> None:
         """Refuse at start-up a device this decoder cannot feed."""
@@ -175,6 +185,9 @@ class ToDevice(Protocol):
     device: torch.device
 
     def __call__(self, batch: Any) -> Batch: ...
+
+    def stream(self, batches: Iterable) -> Iterator[Batch]:
+        """Each of `batches` as `__call__` makes it, in order; the decoder may work on the next meanwhile."""
 
 
 class Prefetcher(ABC):

@@ -1,4 +1,6 @@
 """The device's side of every batch: upload (where a batch decoder decodes), normalise, lay out."""
+from collections.abc import Iterable, Iterator
+
 import torch
 
 from ..contracts import Decoder
@@ -17,7 +19,10 @@ class ToDevice:
         self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
 
     def __call__(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = batch
-        images = self.decoder.upload(images, self.device, self.non_blocking)
-        images = images.float().sub_(self.mean).div_(self.std).contiguous(memory_format=self.memory_format)
-        return images, labels.to(self.device, non_blocking=self.non_blocking)
+        return next(self.stream([batch]))
+
+    def stream(self, batches: Iterable) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Each batch of `batches` on the device, in order; the decoder may work on the next meanwhile."""
+        for images, labels in self.decoder.uploads(batches, self.device, self.non_blocking):
+            images = images.float().sub_(self.mean).div_(self.std).contiguous(memory_format=self.memory_format)
+            yield images, labels.to(self.device, non_blocking=self.non_blocking)

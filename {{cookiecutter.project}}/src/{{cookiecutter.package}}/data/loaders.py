@@ -143,9 +143,12 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     settings = {key: value for key, value in loader.items() if key != RANGES}
     non_blocking = settings.pop("non_blocking")
     settings["num_workers"] = pick_num_workers(
-        settings["num_workers"], splits.train, batch_size, f"{decoder._target_}|crop {source.crop_size}",
-        lambda count: training_loader(stores, splits.train, batch_size, seed, world, chosen.collate, visiting,
-                                      **{**settings, "num_workers": count, "persistent_workers": False}))
+        settings["num_workers"], splits.train, batch_size, f"{decoder._target_}|crop {source.crop_size}|decoded",
+        lambda count: chosen.uploads(training_loader(stores, splits.train, batch_size, seed, world, chosen.collate,
+                                                     visiting, **{**settings, "num_workers": count,
+                                                                  "persistent_workers": False}),
+                                     world.device, non_blocking),
+        decodes_beside=chosen.ahead > 0)
     to_device = ToDevice(chosen, world.device, non_blocking, memory_format)
     train = training_loader(stores, splits.train, batch_size, seed, world, chosen.collate, visiting, **settings)
     val = make_loader(splits.val, batch_size, False, seed, world, collate=chosen.collate, **settings)

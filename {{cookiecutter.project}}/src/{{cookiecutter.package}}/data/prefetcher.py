@@ -14,6 +14,7 @@ Each is a `Prefetcher` (contracts.py): it wraps the loader, keeps its len and pl
 import queue
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 
 import torch
 
@@ -25,8 +26,7 @@ class NoPrefetcher(Prefetcher):
     """Each batch copied and normalised in the training thread, just before its step."""
 
     def __iter__(self) -> Iterator[Batch]:
-        for batch in self.loader:
-            yield self.to_device(batch)
+        yield from self.to_device.stream(self.loader)
 
 
 class _Raised:
@@ -65,9 +65,9 @@ class ThreadPrefetcher(Prefetcher):
             try:
                 if side is not None:  # a new thread's device is GPU 0: on another, leaving the stream would touch it
                     torch.cuda.set_device(self.to_device.device)
-                with torch.cuda.stream(side):  # a no-op without one
-                    for batch in self.loader:
-                        if not offer((self.to_device(batch), side.record_event() if side else None)):
+                with torch.cuda.stream(side), closing(self.to_device.stream(self.loader)) as batches:  # no side: no-op
+                    for batch in batches:
+                        if not offer((batch, side.record_event() if side else None)):
                             return
                 offer(done)
             except BaseException as error:  # noqa: BLE001 - handed to the training thread as it is
@@ -95,14 +95,12 @@ class CudaStreamPrefetcher(Prefetcher):
 
     def __iter__(self) -> Iterator[Batch]:
         self.stream = stream = self.stream or torch.cuda.Stream()  # one for every pass, as for the thread's
-        batches = iter(self.loader)
+        batches = self.to_device.stream(self.loader)
 
         def preload():
-            batch = next(batches, None)
-            if batch is None:
-                return None
             with torch.cuda.stream(stream):
-                return self.to_device(batch), stream.record_event()
+                batch = next(batches, None)
+                return None if batch is None else (batch, stream.record_event())
 
         upcoming = preload()
         while upcoming is not None:

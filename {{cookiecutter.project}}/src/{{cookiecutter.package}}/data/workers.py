@@ -19,9 +19,11 @@ TIMED_BATCHES = 8
 CLOSE_ENOUGH = 0.05  # a smaller count within 5% of the fastest wins: fewer processes, less memory
 
 
-def candidates(cores: int) -> list[int]:
-    """1, 2, 4, ... up to the cores this process may use, and that count itself."""
-    counts, count = {cores}, 1
+def candidates(cores: int, decodes_beside: bool) -> list[int]:
+    """1, 2, 4, ... up to the cores this process may use, and that count itself; and 0 for a decoder that decodes
+    beside the training process, which then reads the files while it decodes (any other decoder would decode in
+    the training step's place)."""
+    counts, count = {cores} | ({0} if decodes_beside else set()), 1
     while count < cores:
         counts.add(count)
         count *= 2
@@ -51,9 +53,10 @@ def read_cache() -> dict:
 
 
 def pick_num_workers(value: int | str, dataset, batch_size: int, work: str,
-                     loader_with: Callable[[int], Iterable]) -> int:
-    """The worker count to use: `value` as given, or for `auto` the fastest of a sweep of `loader_with(count)`,
-    measured once per machine, data set and `work` (what the workers do to each image)."""
+                     loader_with: Callable[[int], Iterable], decodes_beside: bool = False) -> int:
+    """The worker count to use: `value` as given, or for `auto` the fastest of a sweep of `loader_with(count)`
+    (batches as the device receives them, decoded), measured once per machine, data set and `work` (what the
+    workers and the decoder do to each image); `decodes_beside`: see `candidates`."""
 
     if value != "auto":
         if not isinstance(value, int) or value < 0:
@@ -69,7 +72,7 @@ def pick_num_workers(value: int | str, dataset, batch_size: int, work: str,
         raise ConfigError(f"loader.num_workers=auto times {WARMUP_BATCHES + TIMED_BATCHES} batches and the training "
                           f"set has {len(dataset) // batch_size}: pass a count")
     rates = {}
-    for count in candidates(cores):
+    for count in candidates(cores, decodes_beside):
         rates[count] = images_per_s(loader_with(count), batch_size)
     best = max(rates.values())
     chosen = min(count for count, rate in rates.items() if rate >= (1 - CLOSE_ENOUGH) * best)

@@ -40,23 +40,22 @@ class Timed:
     epoch_start_s: float  # from an epoch's start to its first batch, the mean over the timed epochs
 
 
-def time_epochs(loader, epochs: int, upload=lambda batch: None, device: torch.device = ALONE.device,
+def time_epochs(loader, epochs: int, uploads=lambda batches: batches, device: torch.device = ALONE.device,
                 set_epoch=lambda epoch: None) -> Timed:
-    """`epochs` whole passes, each batch through `upload`, after one untimed pass; `set_epoch` starts each, as
-    training starts its epochs."""
+    """`epochs` whole passes, the batches through `uploads` (as a prefetcher takes them to the device), after one
+    untimed pass; `set_epoch` starts each, as training starts its epochs."""
     set_epoch(0)
-    for batch in loader:
-        upload(batch)
+    for _ in uploads(loader):
+        pass
     _synchronize(device)
     start, images, epoch_starts = time.perf_counter(), 0, []
     for epoch in range(1, epochs + 1):
         set_epoch(epoch)
         epoch_start = time.perf_counter()
-        for index, batch in enumerate(loader):
-            upload(batch)
+        for index, (_, labels) in enumerate(uploads(loader)):
             if index == 0:
                 epoch_starts.append(time.perf_counter() - epoch_start)
-            images += len(batch[1])
+            images += len(labels)
     _synchronize(device)
     return Timed(images / (time.perf_counter() - start), sum(epoch_starts) / max(1, len(epoch_starts)))
 
@@ -135,7 +134,8 @@ def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: i
                           f"pass a smaller bench.batch_size")
     timed = time_epochs(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                                    num_workers=num_workers, persistent_workers=num_workers > 0), epochs,
-                        lambda batch: batch[0].to(device, non_blocking=True), device)
+                        lambda batches: ((images.to(device, non_blocking=True), labels) for images, labels in batches),
+                        device)
     return timed.rate, sum(dataset.bad)
 
 
@@ -232,7 +232,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                                                  splits.decoder.collate, order, num_workers=workers,
                                                  prefetch_factor=2, pin_memory=False, persistent_workers=True)
                         timed = time_epochs(loader, settings.timed_epochs,
-                                            lambda batch: splits.decoder.upload(batch[0], device, True), device,
+                                            lambda batches: splits.decoder.uploads(batches, device, True), device,
                                             loader.set_epoch)
                         rows.append({"decoder": name, "format": format, "order": order_name, "staging": staging,
                                      "num_workers": workers, "images_per_s": timed.rate, "staging_s": staging_s,

@@ -56,49 +56,70 @@ def pil_size(data: bytes) -> tuple[int, int]:
     return Image.open(io.BytesIO(data)).size
 
 
+# Start-of-frame markers: baseline, extended sequential and progressive Huffman coding. nvJPEG decodes these
+# (and only in 8-bit precision); arithmetic coding (0xC9-0xCB), lossless (0xC3) and hierarchical frames it does not.
+HUFFMAN_FRAMES = {0xC0, 0xC1, 0xC2}
+
+
 @dataclass(frozen=True)
 class Frame:
     """A JPEG's frame header: how its scans are coded (the start-of-frame marker), its sample precision in bits, its
-    size and its colour components (1 grey, 3 YCbCr or RGB, 4 CMYK or YCCK)."""
+    size and its colour components (1 grey, 3 YCbCr or RGB, 4 CMYK or YCCK); and whether its header holds EXIF."""
     marker: int
     precision: int
     width: int
     height: int
     components: int
+    exif: bool
+
+    @property
+    def huffman_8bit(self) -> bool:
+        """Huffman-coded with 8-bit samples: the kind GPU JPEG decoders take."""
+        return self.marker in HUFFMAN_FRAMES and self.precision == 8
+
+    @property
+    def cmyk(self) -> bool:
+        """Four components, which Pillow reads as Adobe's inverted CMYK and other libjpeg-based decoders the other
+        way round."""
+        return self.components == 4
 
 
 def jpeg_frame(data: bytes) -> Frame | None:
-    """The frame header of a JPEG, found by walking the segments before it; None for a file that is not a JPEG or
-    whose header stops short. Pillow's Image.open reads the same facts in 80 us a photo, this walk in 5."""
+    """The frame header of a JPEG, found by walking the header's segments up to the first scan; None for a file that
+    is not a JPEG or whose header stops before it. Pillow's Image.open reads the same facts in 80 us a photo, this
+    walk in 5."""
     if data[:2] != b"\xff\xd8":
         return None
-    position = 2  # after SOI; the frame header comes before the first scan, among the header's segments
+    frame, exif, position = None, False, 2  # after SOI
     while position + 4 <= len(data) and data[position] == 0xFF:
         marker = data[position + 1]
         if marker == 0xFF:  # a fill byte
             position += 1
             continue
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # not DHT, JPG, DAC: a frame header
+        if marker == 0xDA:  # the first scan: the header ends here
+            break
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and frame is None:  # not DHT, JPG, DAC
             if position + 10 > len(data):
                 return None
-            return Frame(marker, data[position + 4], int.from_bytes(data[position + 7:position + 9], "big"),
-                         int.from_bytes(data[position + 5:position + 7], "big"), data[position + 9])
-        if marker == 0xDA:  # a scan before any frame header: not a JPEG anyone decodes
-            return None
+            frame = (marker, data[position + 4], int.from_bytes(data[position + 7:position + 9], "big"),
+                     int.from_bytes(data[position + 5:position + 7], "big"), data[position + 9])
+        exif = exif or marker == 0xE1 and data[position + 4:position + 10] == b"Exif\0\0"  # APP1, EXIF's segment
         position += 2 + int.from_bytes(data[position + 2:position + 4], "big")
-    return None
+    return Frame(*frame, exif) if frame else None
 
 
-def header_size(data: bytes) -> tuple[int, int]:
-    """(width, height): a JPEG's from its frame header, anything else's (or a JPEG whose height comes later, in a
-    DNL segment) from Pillow's reading of its header."""
-    frame = jpeg_frame(data)
+def header_size(data: bytes, frame: Frame | None = None) -> tuple[int, int]:
+    """(width, height): a JPEG's from its frame header (`frame`, where it was read already), anything else's (or a
+    JPEG whose height comes later, in a DNL segment) from Pillow's reading of its header."""
+    frame = frame or jpeg_frame(data)
     return (frame.width, frame.height) if frame and frame.width and frame.height else pil_size(data)
 
 
-def exif_orientation(data: bytes) -> int:
-    """The EXIF orientation tag of an encoded image: 1 (as stored) when it has none."""
-    if data.find(b"Exif\0\0", 0, 1 << 16) < 0:  # the APP1 block sits in the header: most files are done here
+def exif_orientation(data: bytes, frame: Frame | None = None) -> int:
+    """The EXIF orientation tag of a JPEG (`frame`: its header, where it was read already): 1 (as stored) when it has
+    none."""
+    frame = frame or jpeg_frame(data)
+    if not (frame and frame.exif):
         return 1
     return Image.open(io.BytesIO(data)).getexif().get(0x0112, 1)
 
@@ -116,10 +137,9 @@ def as_stored(image: torch.Tensor, orientation: int) -> torch.Tensor:
 
 
 def is_cmyk_jpeg(data: bytes) -> bool:
-    """Four-component JPEGs, which Pillow reads as Adobe's inverted CMYK and other libjpeg-based decoders the other
-    way round."""
+    """A four-component JPEG (see `Frame.cmyk`)."""
     frame = jpeg_frame(data)
-    return frame is not None and frame.components == 4
+    return frame is not None and frame.cmyk
 
 
 def reads_as_jpeg(data: bytes) -> bool:
@@ -151,15 +171,10 @@ def jpeg_end(data: bytes) -> int | None:
         position += int.from_bytes(data[position:position + 2], "big")  # a segment: its length counts itself
 
 
-# Start-of-frame markers: baseline, extended sequential and progressive Huffman coding. nvJPEG decodes these
-# (and only in 8-bit precision); arithmetic coding (0xC9-0xCB), lossless (0xC3) and hierarchical frames it does not.
-HUFFMAN_FRAMES = {0xC0, 0xC1, 0xC2}
-
-
 def huffman_8bit(data: bytes) -> bool:
     """Whether a JPEG's frame is Huffman-coded with 8-bit samples: the kind GPU JPEG decoders take."""
     frame = jpeg_frame(data)
-    return frame is not None and frame.marker in HUFFMAN_FRAMES and frame.precision == 8
+    return frame is not None and frame.huffman_8bit
 
 
 def pixel_box(box: Box, width: int, height: int) -> tuple[int, int, int, int]:

@@ -5,26 +5,29 @@ decodes, crops and flips the whole batch on the device.
 The files a GPU decoder cannot take (PNG under a .JPEG name, CMYK, arithmetic-coded or 12-bit JPEGs,
 truncated) are decoded by Pillow in the worker and travel as pixels, so a batch may mix the two.
 """
+import math
 from abc import abstractmethod
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
 from ... import options
 from ...contracts import Crop, Decoder
 from ...core.config import ConfigError
-from . import (DecodeCrop, Unreadable, decoding, exif_orientation, header_size, huffman_8bit, jpeg_end, pixel_box,
-               reads_as_jpeg)
+from . import DecodeCrop, Unreadable, decoding, exif_orientation, header_size, jpeg_end, jpeg_frame, pixel_box
 from .pil import PilDecoder
 
 
 class Encoded:
     """One image for the device to decode: its bytes, its crop box in whole pixels, whether to flip it."""
 
-    def __init__(self, data: torch.Tensor, box: tuple[int, int, int, int], flip: bool, size: int,
+    def __init__(self, data: np.ndarray, box: tuple[int, int, int, int], flip: bool, size: int,
                  orientation: int):
-        self.data, self.box, self.flip, self.size = data, box, flip, size
+        self.data, self.box, self.flip, self.size = data, box, flip, size  # data: the file's bytes, as uint8
         self.orientation = orientation  # EXIF's, for a decoder that applies it to undo it
 
 
@@ -36,18 +39,21 @@ class OneBuffer:
     batches prefetched, the usual soft limit. One buffer is one descriptor, however many images it holds."""
 
     def __init__(self, items: list[Encoded | torch.Tensor]):
-        tensors = [item.data if isinstance(item, Encoded) else item for item in items]
-        self.shapes = [tensor.shape for tensor in tensors]
-        self.buffer = torch.empty(sum(tensor.numel() for tensor in tensors), dtype=torch.uint8)
-        if get_worker_info() is not None:  # made in shared memory, as default_collate does, not copied there
-            self.buffer.share_memory_()
-        torch.cat([tensor.reshape(-1) for tensor in tensors], out=self.buffer)
+        arrays = [item.data if isinstance(item, Encoded) else item.numpy() for item in items]
+        self.shapes = [array.shape for array in arrays]
+        size = sum(array.size for array in arrays)
+        if get_worker_info() is None:
+            self.buffer = torch.empty(size, dtype=torch.uint8)
+        else:  # allocated in shared memory, as default_collate does: share_memory_() would copy it there, a third
+            self.buffer = torch.empty(0, dtype=torch.uint8)  # of a worker's time
+            self.buffer.set_(self.buffer.untyped_storage()._new_shared(size))
+        np.concatenate([array.reshape(-1) for array in arrays], out=self.buffer.numpy())
         self.encoded = [(item.box, item.flip, item.size, item.orientation) if isinstance(item, Encoded) else None
                         for item in items]
 
     def items(self) -> list[Encoded | torch.Tensor]:
-        views = self.buffer.split([shape.numel() for shape in self.shapes])
-        return [Encoded(view, *encoded) if encoded else view.view(shape)
+        views = self.buffer.split([math.prod(shape) for shape in self.shapes])
+        return [Encoded(view.numpy(), *encoded) if encoded else view.view(shape)
                 for view, shape, encoded in zip(views, self.shapes, self.encoded)]
 
 
@@ -58,19 +64,20 @@ class EncodedOrPixels:
         self.crop, self.fallback = crop, DecodeCrop(PilDecoder(), crop)
 
     def __call__(self, data: bytes) -> Encoded | torch.Tensor:
-        with decoding():
-            on_the_device = reads_as_jpeg(data) and huffman_8bit(data)
-            width, height = header_size(data)
-        if not on_the_device:
+        frame = jpeg_frame(data)  # one walk over the header: what the device takes, the size, EXIF
+        if not (frame and frame.huffman_8bit and not frame.cmyk):
             return self.fallback(data)
         if not data.endswith(b"\xff\xd9"):  # a trailer after the image, or a truncated file, which would fail its batch
             end = jpeg_end(data)
             if end is None:
                 raise Unreadable("truncated JPEG: no end-of-image marker")
             data = data[:end]
+        with decoding():
+            width, height = header_size(data, frame)
+            orientation = exif_orientation(data, frame)
         box, flip = self.crop(width, height)
-        return Encoded(torch.frombuffer(bytearray(data), dtype=torch.uint8), pixel_box(box, width, height), flip,
-                       self.crop.size, exif_orientation(data))
+        # A view of the bytes, not a copy: the collate copies them into the batch's buffer.
+        return Encoded(np.frombuffer(data, np.uint8), pixel_box(box, width, height), flip, self.crop.size, orientation)
 
 
 class BatchDecoder(Decoder):
@@ -96,13 +103,38 @@ class BatchDecoder(Decoder):
         return OneBuffer([item for item, _ in samples]), torch.tensor([label for _, label in samples])
 
     def upload(self, batch: OneBuffer, device: torch.device, non_blocking: bool) -> torch.Tensor:
+        return self.begin(batch, device, non_blocking)()
+
+    def uploads(self, batches: Iterable, device: torch.device, non_blocking: bool
+                ) -> Iterator[tuple[torch.Tensor, Any]]:
+        started = deque()
+        for batch, labels in batches:
+            started.append((self.begin(batch, device, non_blocking), labels))
+            if len(started) > self.ahead:
+                crops, labels = started.popleft()
+                yield crops(), labels
+        for crops, labels in started:
+            yield crops(), labels
+
+    def begin(self, batch: OneBuffer, device: torch.device, non_blocking: bool) -> Callable[[], torch.Tensor]:
+        """Start on a batch; the call returned waits for its crops, uint8 NCHW on the device."""
         items = batch.items()
         encoded = [item for item in items if isinstance(item, Encoded)]
-        if len(encoded) == len(items):  # the usual batch: the decoder's output is the batch, without a copy of it
-            return self.decode_crops(encoded, device, non_blocking)
-        crops = iter(self.decode_crops(encoded, device, non_blocking) if encoded else [])
-        return torch.stack([next(crops) if isinstance(item, Encoded)
-                            else item.to(device, non_blocking=non_blocking).permute(2, 0, 1) for item in items])
+        decoded = self.start(encoded, device, non_blocking) if encoded else list  # none for the device: []
+
+        def crops() -> torch.Tensor:
+            if len(encoded) == len(items):  # the usual batch: the decoder's output is the batch, without a copy of it
+                return decoded()
+            device_crops = iter(decoded())
+            return torch.stack([next(device_crops) if isinstance(item, Encoded)
+                                else item.to(device, non_blocking=non_blocking).permute(2, 0, 1) for item in items])
+        return crops
+
+    def start(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> Callable[[], torch.Tensor]:
+        """Start decoding `encoded`; the call returned gives its crops. Here the decode is done before it returns:
+        a decoder whose library decodes in the background overrides this, and `ahead`."""
+        crops = self.decode_crops(encoded, device, non_blocking)
+        return lambda: crops
 
     @abstractmethod
     def decode_crops(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> torch.Tensor:

@@ -55,7 +55,7 @@ class NvjpegDecoder(BatchDecoder):
         """The images as stored, in one batched call; where nvJPEG refuses the batch, one by one, with Pillow on the
         CPU for each image it refuses (as DALI falls back to the host), so that one odd file never ends the run."""
         try:
-            images = decode_jpeg([item.data for item in encoded], mode="RGB", device=device)
+            images = decode_jpeg([torch.from_numpy(item.data) for item in encoded], mode="RGB", device=device)
         except DEVICE_FAULTS:
             raise
         except RuntimeError:
@@ -64,7 +64,7 @@ class NvjpegDecoder(BatchDecoder):
 
     def decode_one(self, item: Encoded, device: torch.device) -> torch.Tensor:
         try:
-            return as_stored(decode_jpeg(item.data, mode="RGB", device=device), item.orientation)
+            return as_stored(decode_jpeg(torch.from_numpy(item.data), mode="RGB", device=device), item.orientation)
         except DEVICE_FAULTS:
             raise
         except RuntimeError as refused:
@@ -74,7 +74,7 @@ class NvjpegDecoder(BatchDecoder):
                 self.warned = True
         try:
             with decoding():
-                pixels = pillow_decode(item.data.numpy().tobytes(), shrink=1)
+                pixels = pillow_decode(item.data.tobytes(), shrink=1)
         except Unreadable as err:
             raise UnreadableImage(f"an image that nvJPEG refused does not decode with Pillow either ({err}): pick "
                                   f"decoder={options.fastest_cpu_decoder()}, whose workers skip such files under "
