@@ -157,9 +157,15 @@ def test_cuda_stream_copies_on_a_side_stream_while_the_step_computes(gpu_busy):
     plain = ToDevice(PilDecoder(), DEVICE, non_blocking=True)
     streams = []
 
-    def to_device(batch):
-        streams.append(torch.cuda.current_stream())
-        return plain(batch)
+    class Recorded(ToDevice):
+        """The stream each batch is made on."""
+
+        def stream(self, batches):
+            for batch in super().stream(batches):
+                streams.append(torch.cuda.current_stream())
+                yield batch
+
+    to_device = Recorded(PilDecoder(), DEVICE, non_blocking=True)
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -2,16 +2,20 @@
 import json
 
 import pytest
+import torch
 
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }}.core.config import ConfigError, build
 from {{ cookiecutter.package }}.core.distributed import ALONE
 from {{ cookiecutter.package }}.data import workers
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
 from {{ cookiecutter.package }}.data.images import make_splits
-from {{ cookiecutter.package }}.data.loaders import make_loader
+from {{ cookiecutter.package }}.data.loaders import make_loader, make_loaders
 from {{ cookiecutter.package }}.data.sources import imagenet
 from {{ cookiecutter.package }}.data.staging import no_staging
+
+from conftest import on_this_machine
 
 SETTINGS = {"prefetch_factor": 2, "pin_memory": False, "persistent_workers": False}
 
@@ -37,7 +41,7 @@ def test_auto_measures_picks_the_fastest_and_caches_it(train_set, tmp_path, monk
     monkeypatch.setattr(workers, "cores_per_process", lambda: 4)
     timed = []
 
-    def fake_rate(loader, batch_size):
+    def fake_rate(loader, batch_size, device):
         timed.append(loader.num_workers)
         return {1: 100.0, 2: 300.0, 4: 290.0}[loader.num_workers]
 
@@ -54,15 +58,41 @@ def test_auto_lets_a_decoder_beside_the_training_process_read_the_files_itself(t
     """DALI's executor decodes beside the training process: there the sweep also times no workers at all."""
     monkeypatch.setattr(workers, "CACHE", tmp_path / "num_workers.json")
     monkeypatch.setattr(workers, "cores_per_process", lambda: 2)
-    monkeypatch.setattr(workers, "images_per_s", lambda loader, batch_size: {0: 310.0, 1: 200.0, 2: 300.0}[
+    monkeypatch.setattr(workers, "images_per_s", lambda loader, batch_size, device: {0: 310.0, 1: 200.0, 2: 300.0}[
         loader.num_workers])
     assert workers.pick_num_workers("auto", train_set, 2, "dali|crop 32", loader_with(train_set),
                                     decodes_beside=True) == 0
     assert workers.pick_num_workers("auto", train_set, 2, "pil|crop 32", loader_with(train_set)) == 2
 
 
+@pytest.mark.parametrize("name", [name for name in options.options("decoder") if name != "none"])
+def test_auto_times_batches_as_the_training_step_receives_them(name, compose_tiny, tmp_path, monkeypatch):
+    """What the training step waits for: a batch decoder's batches decoded, not its workers' bytes; and no workers
+    at all is tried only for a decoder that decodes beside the training process."""
+    if missing := options.facts("decoder", name).missing():
+        pytest.skip(f"decoder={name}: {missing}")
+    monkeypatch.setattr(workers, "CACHE", tmp_path / "num_workers.json")
+    monkeypatch.setattr(workers, "cores_per_process", lambda: 2)
+    swept = []
+
+    def first_batch(batches, batch_size, device):
+        images, _ = next(iter(batches))
+        swept.append((images.dtype, images.dim(), images.shape[1]))
+        return 100.0
+
+    monkeypatch.setattr(workers, "images_per_s", first_batch)
+    cfg = compose_tiny(f"decoder={name}", *on_this_machine(f"decoder={name}"), "loader.num_workers=auto",
+                       "train.batch_size=2")  # the sweep times 10 batches
+    built = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.order, cfg.decoder, cfg.prefetcher, cfg.loader,
+                         batch_size=cfg.train.batch_size, seed=cfg.seed, world=ALONE,
+                         memory_format=torch.contiguous_format)
+    beside = build(cfg.decoder).ahead > 0
+    assert swept == [(torch.uint8, 4, 3)] * len(workers.candidates(2, beside))
+    assert built.num_workers == (0 if beside else 1)  # all equally fast: the fewest processes
+
+
 def test_auto_really_times_a_loader(train_set):
-    assert workers.images_per_s(loader_with(train_set)(0), 2) > 0
+    assert workers.images_per_s(loader_with(train_set)(0), 2, ALONE.device) > 0
 
 
 def test_bad_counts_and_too_small_sets_are_refused(train_set, tmp_path, monkeypatch):

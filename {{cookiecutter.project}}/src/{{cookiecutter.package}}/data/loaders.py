@@ -148,7 +148,7 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
                                                      visiting, **{**settings, "num_workers": count,
                                                                   "persistent_workers": False}),
                                      world.device, non_blocking),
-        decodes_beside=chosen.ahead > 0)
+        decodes_beside=chosen.ahead > 0, device=world.device)
     to_device = ToDevice(chosen, world.device, non_blocking, memory_format)
     train = training_loader(stores, splits.train, batch_size, seed, world, chosen.collate, visiting, **settings)
     val = make_loader(splits.val, batch_size, False, seed, world, collate=chosen.collate, **settings)

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import torch
+
 from ..core.config import ConfigError
 from ..core.files import WriteError, write_atomic
 from ..core.hardware import cores_per_process
@@ -30,15 +32,22 @@ def candidates(cores: int, decodes_beside: bool) -> list[int]:
     return sorted(counts)
 
 
-def images_per_s(loader, batch_size: int) -> float:
+def images_per_s(loader, batch_size: int, device: torch.device) -> float:
     batches = iter(loader)
     for _ in range(WARMUP_BATCHES):
         next(batches)
+    synchronize(device)
     start, timed = time.perf_counter(), 0
     for timed, _ in enumerate(batches, start=1):
         if timed == TIMED_BATCHES:
             break
+    synchronize(device)  # a GPU decoder's batches are queued work until then
     return timed * batch_size / (time.perf_counter() - start)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def read_cache() -> dict:
@@ -53,7 +62,8 @@ def read_cache() -> dict:
 
 
 def pick_num_workers(value: int | str, dataset, batch_size: int, work: str,
-                     loader_with: Callable[[int], Iterable], decodes_beside: bool = False) -> int:
+                     loader_with: Callable[[int], Iterable], decodes_beside: bool = False,
+                     device: torch.device = torch.device("cpu")) -> int:
     """The worker count to use: `value` as given, or for `auto` the fastest of a sweep of `loader_with(count)`
     (batches as the device receives them, decoded), measured once per machine, data set and `work` (what the
     workers and the decoder do to each image); `decodes_beside`: see `candidates`."""
@@ -73,7 +83,7 @@ def pick_num_workers(value: int | str, dataset, batch_size: int, work: str,
                           f"set has {len(dataset) // batch_size}: pass a count")
     rates = {}
     for count in candidates(cores, decodes_beside):
-        rates[count] = images_per_s(loader_with(count), batch_size)
+        rates[count] = images_per_s(loader_with(count), batch_size, device)
     best = max(rates.values())
     chosen = min(count for count, rate in rates.items() if rate >= (1 - CLOSE_ENOUGH) * best)
     log.info("loader.num_workers=auto: %s images/s by worker count; using %d",

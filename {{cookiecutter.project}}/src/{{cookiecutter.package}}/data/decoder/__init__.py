@@ -119,7 +119,8 @@ def exif_orientation(data: bytes, frame: Frame | None = None) -> int:
     """The EXIF orientation tag of a JPEG (`frame`: its header, where it was read already): 1 (as stored) when it has
     none."""
     frame = frame or jpeg_frame(data)
-    if not (frame and frame.exif):
+    # A header the walk cannot follow (stray bytes between segments, which libjpeg skips): search it for EXIF's block.
+    if not (frame.exif if frame else data.find(b"Exif\0\0", 0, 1 << 16) >= 0):
         return 1
     return Image.open(io.BytesIO(data)).getexif().get(0x0112, 1)
 

@@ -6,6 +6,7 @@ Workers read bytes and pick crops with the same geometry as every other decoder,
 sampler, skip policy and prefetchers are shared. DALI's executor runs beside the host: each batch is started
 before the one before it is handed over, so DALI decodes while the host waits for the loader and trains.
 """
+import contextlib
 import os
 from collections import deque
 from collections.abc import Callable
@@ -68,11 +69,10 @@ class DaliDecoder(BatchDecoder):
             # early (max_steps, limit_val_batches) is never asked for: its output is dropped here, so that no batch
             # is ever paired with another's labels.
             stream = None if self.on_cpu else torch.cuda.current_stream(device)
-            while True:
-                ours = self.running.popleft() is token
-                (output,) = self.pipeline.outputs(cuda_stream=stream)
-                if ours:
-                    break
+            while self.running.popleft() is not token:
+                with contextlib.suppress(RuntimeError):  # a batch nobody takes fails nobody's pass
+                    self.pipeline.outputs(cuda_stream=stream)
+            (output,) = self.pipeline.outputs(cuda_stream=stream)
             if self.on_cpu:  # the output's own memory, which no later run writes to: no copy
                 return torch.from_dlpack(output.as_tensor()).to(device, non_blocking=non_blocking)
             from nvidia.dali.plugin.pytorch import feed_ndarray
