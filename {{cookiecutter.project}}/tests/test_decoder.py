@@ -22,9 +22,9 @@ from {{ cookiecutter.package }}.contracts import Decoder
 from {{ cookiecutter.package }}.core import config
 from {{ cookiecutter.package }}.core.config import DISTRIBUTION, ConfigError, build, installs_here, this_machine
 from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
-from {{ cookiecutter.package }}.data.decoder import (CpuDecoder, exif_orientation, header_size, huffman_8bit,
-                                                     is_cmyk_jpeg, pillow_decode, pixel_box, resize_box, scaled)
-from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder
+from {{ cookiecutter.package }}.data.decoder import (CpuDecoder, exif_orientation, header_size, is_cmyk_jpeg,
+                                                     jpeg_frame, pillow_decode, pixel_box, resize_box, scaled)
+from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder, Encoded, EncodedOrPixels
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
 from {{ cookiecutter.package }}.data.images import Images, make_splits
@@ -309,9 +309,12 @@ def test_an_image_nvjpeg_refuses_is_decoded_by_pillow_and_its_batch_goes_on(monk
 
 
 def test_only_huffman_coded_8bit_jpegs_go_to_the_device():
-    assert all(huffman_8bit(ODD_FILES[kind]) for kind in ("rgb", "grayscale", "progressive", "exif_rotated", "trailer"))
-    assert not any(huffman_8bit(ODD_FILES[kind]) for kind in ("arithmetic", "png_named_jpeg"))
-    assert not huffman_8bit(b"") and not huffman_8bit(ODD_FILES["rgb"][:2])
+    """What a batch decoder's worker hands the device: the bytes (`Encoded`) of these, Pillow's pixels of the rest."""
+    worker = EncodedOrPixels(CenterCrop(16, 16))
+    assert all(isinstance(worker(ODD_FILES[kind]), Encoded)
+               for kind in ("rgb", "grayscale", "progressive", "exif_rotated", "trailer"))
+    assert not any(isinstance(worker(ODD_FILES[kind]), Encoded) for kind in ("arithmetic", "png_named_jpeg"))
+    assert jpeg_frame(b"") is None and jpeg_frame(ODD_FILES["rgb"][:2]) is None
 
 
 @pytest.mark.parametrize("kind", ODD_FILES)

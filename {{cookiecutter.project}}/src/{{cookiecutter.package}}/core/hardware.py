@@ -101,6 +101,12 @@ def probe(device: torch.device) -> Hardware:
                     gpu_capability=tuple(torch.cuda.get_device_capability(device)), **common)
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on `device`: a GPU's kernels run after the host has moved on."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def bf16_slowdown(device: torch.device, repeats: int = 5) -> float:
     """How many times longer a 3x3 convolution takes under bf16 autocast than in fp32 on `device`: measured,
     in about a second where bf16 is emulated."""
@@ -110,13 +116,11 @@ def bf16_slowdown(device: torch.device, repeats: int = 5) -> float:
     def seconds(dtype: torch.dtype | None) -> float:
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype is not None):
             conv(images)  # warm-up: kernel choice, allocation
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             start = time.perf_counter()
             for _ in range(repeats):
                 conv(images)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             return time.perf_counter() - start
 
     return seconds(torch.bfloat16) / max(seconds(None), 1e-9)

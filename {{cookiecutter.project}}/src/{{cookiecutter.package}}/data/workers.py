@@ -11,7 +11,7 @@ import torch
 
 from ..core.config import ConfigError
 from ..core.files import WriteError, write_atomic
-from ..core.hardware import cores_per_process
+from ..core.hardware import cores_per_process, synchronize
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +43,6 @@ def images_per_s(loader, batch_size: int, device: torch.device) -> float:
             break
     synchronize(device)  # a GPU decoder's batches are queued work until then
     return timed * batch_size / (time.perf_counter() - start)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def read_cache() -> dict:

@@ -18,6 +18,7 @@ from ..contracts import Decoder, Order, Stores
 from ..core.config import ConfigError, build, optional_import
 from ..core.distributed import ALONE
 from ..core.files import bytes_in
+from ..core.hardware import synchronize
 from ..data.decoder import DECODE_ERRORS, CpuDecoder
 from ..data.images import REPLACEMENTS, WrongDataSet, make_splits
 from ..data.loaders import training_loader
@@ -47,7 +48,7 @@ def time_epochs(loader, epochs: int, uploads=lambda batches: batches, device: to
     set_epoch(0)
     for _ in uploads(loader):
         pass
-    _synchronize(device)
+    synchronize(device)
     start, images, epoch_starts = time.perf_counter(), 0, []
     for epoch in range(1, epochs + 1):
         set_epoch(epoch)
@@ -56,13 +57,8 @@ def time_epochs(loader, epochs: int, uploads=lambda batches: batches, device: to
             if index == 0:
                 epoch_starts.append(time.perf_counter() - epoch_start)
             images += len(labels)
-    _synchronize(device)
+    synchronize(device)
     return Timed(images / (time.perf_counter() - start), sum(epoch_starts) / max(1, len(epoch_starts)))
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def make_decoder(name: str, batch_size: int, device: torch.device, settings: dict) -> Decoder:

@@ -9,7 +9,7 @@ Two kinds keep the `Decoder` contract (contracts.py):
   `reads` (Pillow decodes the others), read the size from the header faster than Pillow does, and decode only
   the crop's region (`decode_box`). The loader's workers decode, at 1/2, 1/4 or 1/8 scale where the decoder
   can and the crop allows, then crop and resize;
-- a batch decoder subclasses `batch.BatchDecoder` and implements `decode_crops`: the workers only read
+- a batch decoder subclasses `batch.BatchDecoder` and implements `start`: the workers only read
   bytes and pick crops; the device decodes, crops and flips whole batches when they are uploaded.
 The crop, and with it the output size, comes from the data set's `TrainCrop` or `CenterCrop`.
 """
@@ -170,12 +170,6 @@ def jpeg_end(data: bytes) -> int | None:
         if position + 2 > len(data):
             return None
         position += int.from_bytes(data[position:position + 2], "big")  # a segment: its length counts itself
-
-
-def huffman_8bit(data: bytes) -> bool:
-    """Whether a JPEG's frame is Huffman-coded with 8-bit samples: the kind GPU JPEG decoders take."""
-    frame = jpeg_frame(data)
-    return frame is not None and frame.huffman_8bit
 
 
 def pixel_box(box: Box, width: int, height: int) -> tuple[int, int, int, int]:

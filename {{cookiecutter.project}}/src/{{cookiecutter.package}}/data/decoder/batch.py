@@ -81,7 +81,7 @@ class EncodedOrPixels:
 
 
 class BatchDecoder(Decoder):
-    """Subclasses implement `decode_crops`: a list of `Encoded` -> uint8 NCHW crops on the device."""
+    """Subclasses implement `start`: a list of `Encoded` -> (a call that gives) uint8 NCHW crops on the device."""
 
     def __init__(self, on_cpu: bool):
         self.on_cpu = on_cpu
@@ -130,12 +130,8 @@ class BatchDecoder(Decoder):
                                 else item.to(device, non_blocking=non_blocking).permute(2, 0, 1) for item in items])
         return crops
 
-    def start(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> Callable[[], torch.Tensor]:
-        """Start decoding `encoded`; the call returned gives its crops. Here the decode is done before it returns:
-        a decoder whose library decodes in the background overrides this, and `ahead`."""
-        crops = self.decode_crops(encoded, device, non_blocking)
-        return lambda: crops
-
     @abstractmethod
-    def decode_crops(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> torch.Tensor:
-        """The crops of `encoded`, decoded on the device, as uint8 NCHW."""
+    def start(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> Callable[[], torch.Tensor]:
+        """Start decoding `encoded`; the call returned gives its crops, uint8 NCHW on the device. A decoder whose
+        library decodes in the background returns before the decode is done, and says how many batches it starts
+        ahead (`ahead`)."""

@@ -81,6 +81,3 @@ class DaliDecoder(BatchDecoder):
             feed_ndarray(output.as_tensor(), batch, cuda_stream=stream)  # queued on the stream the output is bound to
             return batch
         return crops
-
-    def decode_crops(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> torch.Tensor:
-        return self.start(encoded, device, non_blocking)()

@@ -8,6 +8,7 @@ canvas, each with a one-pixel border repeating its own edge so that no crop samp
 import io
 import logging
 import math
+from collections.abc import Callable
 
 import torch
 from PIL import Image
@@ -45,11 +46,11 @@ class NvjpegDecoder(BatchDecoder):
                               f" install torchcodec's CUDA build for this torch, or pick "
                               f"decoder={options.fastest_cpu_decoder()}") from err
 
-    def decode_crops(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> torch.Tensor:
+    def start(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> Callable[[], torch.Tensor]:
         images = self.decode(encoded, torch.device("cpu") if self.on_cpu else device)
         crops = crop_resize_flip(images, [item.box for item in encoded], [item.flip for item in encoded],
-                                 encoded[0].size)
-        return crops.to(device, non_blocking=non_blocking)
+                                 encoded[0].size).to(device, non_blocking=non_blocking)
+        return lambda: crops  # decoded in this call (on a GPU, queued on its stream): nothing is left to wait for
 
     def decode(self, encoded: list[Encoded], device: torch.device) -> list[torch.Tensor]:
         """The images as stored, in one batched call; where nvJPEG refuses the batch, one by one, with Pillow on the
