@@ -1,13 +1,17 @@
 """The loader benchmark: one row per configuration plus the ceiling and baseline references, a CSV and a chart."""
 import csv
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }}.tools.bench import timed_decoders
 
 from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line
 
@@ -95,12 +99,45 @@ def test_bench_on_a_tree_of_ones_own_writes_its_packs_in_the_cache_without_being
     assert (tmp_path / "cache" / PACKAGE / "packs" / f"{tiny_root.name}-lmdb").is_dir()
 
 
-def run_bench(tmp_path, root, *overrides: str) -> subprocess.CompletedProcess:
+def run_bench(tmp_path, root, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", f"{PACKAGE}.bench", "data=imagenet", f"data.root={root}", "data.crop_size=32",
          "data.val_resize=36", "bench.formats=[folder]", f"bench.decoders=[{','.join(CPU_DECODERS)}]",
          "bench.timed_epochs=1", f"bench.pack_dir={tmp_path / 'packs'}", f"hydra.run.dir={tmp_path / 'bench'}", *overrides],
-        cwd=PROJECT, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
+        cwd=PROJECT, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET, **(env or {})})
+
+
+def test_bench_runs_each_row_at_the_count_auto_picks_for_it_beside_references_of_every_core(tiny_root, tmp_path):
+    """bench.num_workers=[auto], with a cache of its own: each row is timed at the count the sweep picks, which tries
+    no workers only for a decoder that decodes beside the training process, and says the count; the references
+    count every core this process may use."""
+    decoders = [FASTEST, *(name for name in ["dali"] if not options.facts("decoder", name).missing())]
+    result = run_bench(tmp_path, tiny_root, f"bench.decoders=[{','.join(decoders)}]", "bench.num_workers=[auto]",
+                       "bench.batch_size=2", "bench.probe_storage=false", env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    with (tmp_path / "bench/bench.csv").open() as file:
+        rows = {row["decoder"]: row for row in csv.DictReader(file)}
+    cores = len(os.sched_getaffinity(0))
+    assert rows["ceiling"]["num_workers"] == rows["region ceiling"]["num_workers"] == "auto"
+    assert f"x {cores} cores" in rows["ceiling"]["note"] and rows["baseline"]["num_workers"] == str(cores)
+    built, _ = timed_decoders(decoders, 2, torch.device("cpu"))
+    sweeps = re.findall(r"bench.num_workers=auto: (.*) images/s by worker count; using (\d+)",
+                        result.stdout + result.stderr)
+    assert len(sweeps) == len(decoders), result.stdout[-3000:]
+    for name, (rates, chosen) in zip(decoders, sweeps):
+        row, tried = rows[name], [int(rate.split(":")[0]) for rate in rates.split(", ")]
+        assert (0 in tried) == (built[name].ahead > 0), (name, tried)
+        assert row["num_workers"] == chosen and int(chosen) in tried and f"num_workers=auto: {chosen}" in row["note"]
+        ratio = float(row["images_per_s"]) / float(rows["ceiling"]["images_per_s"])
+        assert abs(ratio - float(row["vs_ceiling"])) < 0.02 * ratio + 0.01
+    assert len(json.loads((tmp_path / "cache" / PACKAGE / "num_workers.json").read_text())) == len(decoders)
+
+
+def test_a_worker_count_that_is_neither_a_count_nor_auto_is_one_line(tiny_root, tmp_path):
+    result = run_bench(tmp_path, tiny_root, "bench.num_workers=[two]")
+    assert result.returncode == 1
+    assert error_line(result.stderr) == ("error: bench.num_workers: 'two' is neither a worker count nor auto (each row "
+                                         "at the count loader.num_workers=auto picks for it)"), result.stderr[-2000:]
 
 
 def test_bench_skips_and_counts_unreadable_files_in_every_row_the_ceiling_included(tree_with_bad_files, tmp_path):

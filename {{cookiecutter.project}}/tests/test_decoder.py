@@ -18,12 +18,13 @@ from PIL import Image
 from test_data import ALONE, CPU, loader
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.contracts import Decoder
+from {{ cookiecutter.package }}.contracts import Crop, Decoder
 from {{ cookiecutter.package }}.core import config
 from {{ cookiecutter.package }}.core.config import DISTRIBUTION, ConfigError, build, installs_here, this_machine
 from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
-from {{ cookiecutter.package }}.data.decoder import (CpuDecoder, exif_orientation, header_size, is_cmyk_jpeg,
-                                                     jpeg_frame, pillow_decode, pixel_box, resize_box, scaled)
+from {{ cookiecutter.package }}.data.decoder import (KEPT_OUTPUTS, CpuDecoder, DecodeCrop, Decoded, pillow_decode,
+                                                     pixel_box, scaled)
+from {{ cookiecutter.package }}.data.decoder.jpeg import exif_orientation, header_size, is_cmyk_jpeg, jpeg_frame
 from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder, Encoded, EncodedOrPixels
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
@@ -216,7 +217,7 @@ def test_a_package_missing_inside_an_installed_namespace_is_missing(name, tmp_pa
 
 @pytest.mark.parametrize("name", ["rgb", "progressive", "exif_rotated", "grayscale"])
 def test_the_end_of_a_jpeg_is_found_past_a_trailer_and_not_in_a_truncated_file(name):
-    from {{ cookiecutter.package }}.data.decoder import jpeg_end
+    from {{ cookiecutter.package }}.data.decoder.jpeg import jpeg_end
 
     image = ODD_FILES[name]
     assert jpeg_end(image) == len(image)
@@ -283,7 +284,7 @@ def test_batch_crops_never_sample_a_neighbouring_image():
 def test_batch_crops_resize_and_flip_like_the_cpu_path():
     pixels = np.asarray(photo(300, 200))
     box = (40, 30, 240, 180)
-    expected = resize_box(pixels, box, 64, flip=True).permute(2, 0, 1)
+    expected = torch.from_numpy(Decoded(pixels, box, True, 64).resized()).permute(2, 0, 1)
     (result,) = crop_resize_flip([torch.from_numpy(pixels).permute(2, 0, 1)], [box], [True], 64)
     assert mean_difference(result[None], expected[None]).item() < 3.0
 
@@ -480,6 +481,62 @@ def test_random_crops_through_a_region_decode_match_the_full_decode(name):
     random.seed(0)
     full = crops(FullDecode(), files, crop, CPU)
     assert mean_difference(region, full).max() < 1.0
+
+
+class Listed(torch.utils.data.Dataset):
+    """`items`, each labelled with its position."""
+
+    def __init__(self, items: list):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        return self.items[index], index
+
+
+def test_a_cpu_decoders_collate_resizes_each_crop_into_its_place_in_the_batch():
+    """In a loader worker, each slot of the batch is its crop as OpenCV resizes it alone, mirrored where it is
+    flipped: from pixels of any size, an upscale, and a view into a larger array."""
+    pixels = [np.asarray(photo(width, height, seed=width)) for width, height in ((300, 200), (40, 30), (500, 90))]
+    pixels[2] = pixels[2][5:-5, 7:]
+    boxes = [(40.5, 30.2, 240.0, 180.7), (0, 0, 40, 30), (300, 10, 420, 80)]
+    items = [Decoded(image, box, flip, 128) for image, box in zip(pixels, boxes) for flip in (False, True)]
+    images, labels = next(iter(loader(Listed(items), len(items), False, num_workers=1, collate=PilDecoder().collate)))
+    assert images.shape == (len(items), 128, 128, 3) and labels.tolist() == list(range(len(items)))
+    for index, (item, image) in enumerate(zip(items, images)):
+        left, top, right, bottom = pixel_box(item.box, item.pixels.shape[1], item.pixels.shape[0])
+        alone = cv2.resize(item.pixels[top:bottom, left:right], (128, 128), interpolation=cv2.INTER_LINEAR)
+        assert np.array_equal(image.numpy(), alone[:, ::-1] if item.flip else alone), index
+
+
+class FixedCrop(Crop):
+    def __init__(self, box: tuple[int, int, int, int], size: int):
+        self.box, self.size = box, size
+
+    def __call__(self, width: int, height: int) -> tuple[tuple[int, int, int, int], bool]:
+        return self.box, True
+
+
+def test_a_whole_photo_decoded_for_a_small_crop_waits_for_its_batch_already_resized():
+    """A decoder without region decode decodes the whole 1600x1200 photo for a crop of a twentieth of it: the
+    worker resizes it at once rather than keep the photo until the batch's collate."""
+    data, crop = encoded(photo(1600, 1200)), FixedCrop((100, 100, 400, 400), 224)
+    decoded = DecodeCrop(PilDecoder(), crop)(data)
+    assert decoded.pixels.shape == (224, 224, 3) and not decoded.flip
+    assert np.array_equal(decoded.resized(), Decoded(pillow_decode(data, 1), crop.box, True, 224).resized())
+
+
+@pytest.mark.parametrize("name", REGION_DECODERS)
+def test_a_decoded_region_waits_for_its_batch_as_decoded(name):
+    """The crop's region, decoded, is under KEPT_OUTPUTS outputs' worth of pixels: the collate resizes it."""
+    data, crop = encoded(photo(1600, 1200)), FixedCrop((100, 100, 400, 400), 224)
+    decoded = DecodeCrop(make_decoder(name), crop)(data)
+    assert decoded.flip and 300 <= min(decoded.pixels.shape[:2]) < 400
+    assert decoded.pixels.size <= KEPT_OUTPUTS * 224 * 224 * 3
+    whole = Decoded(pillow_decode(data, 1), crop.box, True, 224).resized()
+    assert mean_difference(torch.from_numpy(decoded.resized())[None], torch.from_numpy(whole)[None]).item() < 1.0
 
 
 @pytest.mark.parametrize("name", installed("decoder", ["turbojpeg"]))

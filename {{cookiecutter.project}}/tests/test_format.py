@@ -14,7 +14,7 @@ from PIL import Image
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core.config import ClearError, ConfigError
-from {{ cookiecutter.package }}.data.decoder import pil_size
+from {{ cookiecutter.package }}.data.decoder.jpeg import pil_size
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import META, folder
 from {{ cookiecutter.package }}.data.sources import imagenet

@@ -21,7 +21,8 @@ SETTINGS = {"prefetch_factor": 2, "pin_memory": False, "persistent_workers": Fal
 
 
 def loader_with(train_set):
-    return lambda count: make_loader(train_set, 2, True, 0, ALONE, num_workers=count, **SETTINGS)
+    return lambda count: make_loader(train_set, 2, True, 0, ALONE, num_workers=count, collate=PilDecoder().collate,
+                                     **SETTINGS)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from .device import ToDevice
 from .images import Images, Splits, make_splits
 from .order import FULL_SHUFFLE
 from .sampling import EpochBatches, EpochSampler, Shard
-from .workers import pick_num_workers
+from .workers import pick_num_workers, work_of
 
 
 @dataclass
@@ -143,7 +143,7 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     settings = {key: value for key, value in loader.items() if key != RANGES}
     non_blocking = settings.pop("non_blocking")
     settings["num_workers"] = pick_num_workers(
-        settings["num_workers"], splits.train, batch_size, f"{decoder._target_}|crop {source.crop_size}|decoded",
+        settings["num_workers"], splits.train, batch_size, work_of(chosen, source.crop_size),
         lambda count: chosen.uploads(training_loader(stores, splits.train, batch_size, seed, world, chosen.collate,
                                                      visiting, **{**settings, "num_workers": count,
                                                                   "persistent_workers": False}),

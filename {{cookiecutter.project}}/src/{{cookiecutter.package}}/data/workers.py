@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..contracts import Decoder
 from ..core.config import ConfigError
 from ..core.files import WriteError, write_atomic
 from ..core.hardware import cores_per_process, synchronize
@@ -56,32 +57,37 @@ def read_cache() -> dict:
         return {}
 
 
+def work_of(decoder: Decoder, crop_size: int) -> str:
+    """What the workers and the decoder do to each image, as the cache of measured counts tells them apart."""
+    return f"{type(decoder).__module__}.{type(decoder).__name__}|crop {crop_size}|decoded"
+
+
 def pick_num_workers(value: int | str, dataset, batch_size: int, work: str,
                      loader_with: Callable[[int], Iterable], decodes_beside: bool = False,
-                     device: torch.device = torch.device("cpu")) -> int:
+                     device: torch.device = torch.device("cpu"), setting: str = "loader.num_workers") -> int:
     """The worker count to use: `value` as given, or for `auto` the fastest of a sweep of `loader_with(count)`
     (batches as the device receives them, decoded), measured once per machine, data set and `work` (what the
-    workers and the decoder do to each image); `decodes_beside`: see `candidates`."""
+    workers and the decoder do to each image); `decodes_beside`: see `candidates`; `setting`: the key a line names."""
 
     if value != "auto":
         if not isinstance(value, int) or value < 0:
-            raise ConfigError(f"loader.num_workers={value!r}: pass a count (0 = load in the training process) or auto")
+            raise ConfigError(f"{setting}={value!r}: pass a count (0 = load in the training process) or auto")
         return value
     cores = cores_per_process()
     key = f"{platform.node()}|{cores} cores|{dataset.store.name(0)}|{len(dataset)}|{work}|batch {batch_size}"
     cache = read_cache()
     if key in cache:
-        log.info("loader.num_workers=auto: %d (measured before, cached in %s)", cache[key], CACHE)
+        log.info("%s=auto: %d (measured before, cached in %s)", setting, cache[key], CACHE)
         return cache[key]
     if len(dataset) < (WARMUP_BATCHES + TIMED_BATCHES) * batch_size:
-        raise ConfigError(f"loader.num_workers=auto times {WARMUP_BATCHES + TIMED_BATCHES} batches and the training "
+        raise ConfigError(f"{setting}=auto times {WARMUP_BATCHES + TIMED_BATCHES} batches and the training "
                           f"set has {len(dataset) // batch_size}: pass a count")
     rates = {}
     for count in candidates(cores, decodes_beside):
         rates[count] = images_per_s(loader_with(count), batch_size, device)
     best = max(rates.values())
     chosen = min(count for count, rate in rates.items() if rate >= (1 - CLOSE_ENOUGH) * best)
-    log.info("loader.num_workers=auto: %s images/s by worker count; using %d",
+    log.info("%s=auto: %s images/s by worker count; using %d", setting,
              ", ".join(f"{count}: {rate:.0f}" for count, rate in rates.items()), chosen)
     try:
         CACHE.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from ..core.hardware import synchronize
 from ..data.decoder import DECODE_ERRORS, CpuDecoder
 from ..data.images import REPLACEMENTS, WrongDataSet, make_splits
 from ..data.loaders import training_loader
+from ..data.workers import pick_num_workers, work_of
 from ..data.sources import Source
 from ..data.staging import no_staging
 from .ceilings import CEILING_FILES, Ceilings, cores_for, shares
@@ -185,6 +186,10 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
         built_in = " or ".join(f"data={name}" for name in options.having("data", "built_in"))
         raise ConfigError(f"pass data.root=/path/to/tree (train/ and val/), or use {built_in}")
     settings = cfg.bench
+    for workers in settings.num_workers:
+        if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
+            raise ConfigError(f"bench.num_workers: {workers!r} is neither a worker count nor auto (each row at the "
+                              "count loader.num_workers=auto picks for it)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if settings.device == "auto" \
         else torch.device(settings.device)
     names = [name for name in options.options("decoder") if not options.facts("decoder", name).takes_pixels] \
@@ -203,19 +208,25 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                                                         source=source), stage, copies)
                   for format in settings.formats for name, (stage, copies) in stages.items()
                   if not (copies and options.facts("format", format).streams)}  # it streams: nothing to copy
-        for workers in settings.num_workers:
+        for workers in settings.num_workers:  # a count, or auto: each row at the count training's auto picks for it
             references.measure()
-            baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size, workers,
-                                                   settings.timed_epochs, device)
-            rows += [{"decoder": "ceiling", "format": "memory", "num_workers": workers, "ceiling": references.full,
-                      "note": f"{references.full.decoder} full decode, 1 process x {cores_for(workers)} cores, "
+            cores = cores_for(workers)
+            baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size,
+                                                   cores if workers == "auto" else workers, settings.timed_epochs,
+                                                   device)
+            rows += [{"decoder": "ceiling", "format": "memory", "workers": workers, "num_workers": workers,
+                      "ceiling": references.full,
+                      "note": f"{references.full.decoder} full decode, 1 process x {cores} cores, "
                               f"unreadable files of the {CEILING_FILES} first skipped"},
-                     {"decoder": "baseline", "format": "folder", "num_workers": workers, "images_per_s": baseline_rate,
-                      "reference": True, "unreadable": baseline_bad,
-                      "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped"},
-                     {"decoder": "region ceiling", "format": "memory", "num_workers": workers, "ceiling": references.region,
+                     {"decoder": "baseline", "format": "folder", "workers": workers,
+                      "num_workers": cores if workers == "auto" else workers,
+                      "images_per_s": baseline_rate, "reference": True, "unreadable": baseline_bad,
+                      "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped" +
+                              ("; a worker per core" if workers == "auto" else "")},
+                     {"decoder": "region ceiling", "format": "memory", "workers": workers, "num_workers": workers,
+                      "ceiling": references.region,
                       "note": f"{references.region.decoder} decodes the training crop's region only, 1 process x "
-                              f"{cores_for(workers)} cores, files in memory" if references.region
+                              f"{cores} cores, files in memory" if references.region
                       else "not run: no decoder here decodes a region"}]
             for (format, staging), (stores, staging_s) in staged.items():
                 holds_pixels = options.facts("format", format).holds_pixels
@@ -223,34 +234,46 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                     ordered = replace(stores, train=order.reads(stores.train))
                     for name, decoder in (pixels if holds_pixels else runnable).items():
                         splits = make_splits(source, ordered, decoder)
+
+                        def loader_with(count: int, persistent: bool = False):
+                            return training_loader(ordered, splits.train, settings.batch_size, 0, ALONE,
+                                                   splits.decoder.collate, order, num_workers=count, prefetch_factor=2,
+                                                   pin_memory=False, persistent_workers=persistent)
+
+                        def uploads(batches):
+                            return splits.decoder.uploads(batches, device, True)
+
+                        count = pick_num_workers(workers, splits.train, settings.batch_size,
+                                                 work_of(decoder, source.crop_size),
+                                                 lambda count: uploads(loader_with(count)),
+                                                 decodes_beside=decoder.ahead > 0, device=device,
+                                                 setting="bench.num_workers")
                         references.measure()
-                        loader = training_loader(ordered, splits.train, settings.batch_size, 0, ALONE,
-                                                 splits.decoder.collate, order, num_workers=workers,
-                                                 prefetch_factor=2, pin_memory=False, persistent_workers=True)
-                        timed = time_epochs(loader, settings.timed_epochs,
-                                            lambda batches: splits.decoder.uploads(batches, device, True), device,
-                                            loader.set_epoch)
+                        loader = loader_with(count, persistent=True)
+                        timed = time_epochs(loader, settings.timed_epochs, uploads, device, loader.set_epoch)
                         rows.append({"decoder": name, "format": format, "order": order_name, "staging": staging,
-                                     "num_workers": workers, "images_per_s": timed.rate, "staging_s": staging_s,
-                                     "first_batch_s": timed.epoch_start_s,
+                                     "workers": workers, "num_workers": count, "images_per_s": timed.rate,
+                                     "staging_s": staging_s, "first_batch_s": timed.epoch_start_s,
                                      "unreadable": int(splits.train.bad_flags().sum()),
                                      "note": "; ".join(filter(None, [decoder.settings,
+                                                                     f"num_workers=auto: {count}"
+                                                                     if workers == "auto" else "",
                                                                      "pre-decoded pixels" if holds_pixels else "",
                                                                      f"epoch start {timed.epoch_start_s:.2f} s",
                                                                      counted(staging_s, len(splits.train), timed.rate,
                                                                              settings.timed_epochs)]))})
                         log.info("%s / %s / order=%s / staging=%s / %d workers: %.0f images/s", name, format,
-                                 order_name, staging, workers, timed.rate)
+                                 order_name, staging, count, timed.rate)
                 if not holds_pixels:
-                    rows += [{"decoder": name, "format": format, "staging": staging, "num_workers": workers,
-                              "images_per_s": 0.0, "unreadable": "", "note": f"not run: {reason}"}
+                    rows += [{"decoder": name, "format": format, "staging": staging, "workers": workers,
+                              "num_workers": workers, "images_per_s": 0.0, "unreadable": "", "note": f"not run: {reason}"}
                              for name, reason in unable.items()]
     references.measure()
     shares(rows, cache)
     for row in rows:
         row["note"] = "; ".join(filter(None, [row["note"], f"on {device.type}"]))
     if settings.probe_storage:
-        readers = sorted({1, *(max(1, n) for n in settings.num_workers)})
+        readers = sorted({1, *(cores_for(n) if n == "auto" else max(1, n) for n in settings.num_workers)})
         probed = {format: stores_for(format, source, pack_dir, settings.short_side).train for format in settings.formats}
         rows += storage_rows(probed, readers, {count: references.full.rate * cores_for(count) for count in readers})
     with (run_dir / "bench.csv").open("w", newline="") as file:

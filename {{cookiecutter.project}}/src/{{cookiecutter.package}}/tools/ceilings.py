@@ -12,7 +12,6 @@ the rate over all its passes. A row is timed for seconds or minutes on a machine
 reference measured once, at the start, or its best pass, would describe another machine than the one the rows ran on.
 """
 import logging
-import os
 import random
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import options
+from ..core.hardware import cores_per_process
 from ..data.crops import TrainCrop
 from ..data.decoder import CpuDecoder, Unreadable, decoding
 from ..data.format.folder import open_tree
@@ -108,23 +108,25 @@ class Ceilings:
                 ceiling.passes.append(decode_pass(self.files, self.decoders[ceiling.decoder], self.decodes[kind]))
 
 
-def cores_for(workers: int) -> int:
-    """The cores a loader of `workers` processes keeps busy."""
-    return max(1, min(workers, os.cpu_count() or 1))
+def cores_for(workers: int | str) -> int:
+    """The cores a loader of `workers` processes keeps busy: all this process may use for `auto`, which may pick any
+    count up to them (or none, for a decoder whose own threads use them)."""
+    cores = cores_per_process()
+    return cores if workers == "auto" else max(1, min(workers, cores))
 
 
 def shares(rows: list[dict], cache: str) -> None:
     """The references' rates, once every pass of the ceilings is timed, and each row as a share of those of its
-    worker count."""
+    bench.num_workers entry (`workers`: a count, or auto)."""
     for row in rows:
         if "ceiling" in row:
             ceiling: Ceiling | None = row.pop("ceiling")
-            row.update(reference=True, images_per_s=ceiling.rate * cores_for(row["num_workers"]) if ceiling else 0.0,
+            row.update(reference=True, images_per_s=ceiling.rate * cores_for(row["workers"]) if ceiling else 0.0,
                        unreadable=ceiling.unreadable if ceiling else "",
                        note="; ".join(filter(None, [row["note"], ceiling.spread() if ceiling else ""])))
     for row in rows:
         full, baseline_row, region = (next(reference for reference in rows if reference["decoder"] == name and
-                                           reference["num_workers"] == row["num_workers"])
+                                           reference["workers"] == row["workers"])
                                       for name in ("ceiling", "baseline", "region ceiling"))
         row["vs_baseline"] = row["images_per_s"] / baseline_row["images_per_s"]
         row["vs_ceiling"] = row["images_per_s"] / full["images_per_s"]

@@ -25,7 +25,8 @@ from .. import options
 from ..core import failures
 from ..core.config import ClearError, ConfigError
 from ..core.files import bytes_in, disk_space, free_bytes
-from ..data.decoder import Unreadable, decoding, pil_size, pillow_decode
+from ..data.decoder import Unreadable, decoding, pillow_decode
+from ..data.decoder.jpeg import pil_size
 from ..data.format import META, SPLITS
 from ..data.format.folder import open_tree
 

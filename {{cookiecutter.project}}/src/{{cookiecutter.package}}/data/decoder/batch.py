@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from ... import options
 from ...contracts import Crop, Decoder
 from ...core.config import ConfigError
-from . import DecodeCrop, Unreadable, decoding, exif_orientation, header_size, jpeg_end, jpeg_frame, pixel_box
+from . import DecodeCrop, Unreadable, batch_buffer, decoding, pixel_box
+from .jpeg import exif_orientation, header_size, jpeg_end, jpeg_frame
 from .pil import PilDecoder
 
 
@@ -41,12 +41,7 @@ class OneBuffer:
     def __init__(self, items: list[Encoded | torch.Tensor]):
         arrays = [item.data if isinstance(item, Encoded) else item.numpy() for item in items]
         self.shapes = [array.shape for array in arrays]
-        size = sum(array.size for array in arrays)
-        if get_worker_info() is None:
-            self.buffer = torch.empty(size, dtype=torch.uint8)
-        else:  # allocated in shared memory, as default_collate does: share_memory_() would copy it there, a third
-            self.buffer = torch.empty(0, dtype=torch.uint8)  # of a worker's time
-            self.buffer.set_(self.buffer.untyped_storage()._new_shared(size))
+        self.buffer = batch_buffer((sum(array.size for array in arrays),))
         np.concatenate([array.reshape(-1) for array in arrays], out=self.buffer.numpy())
         self.encoded = [(item.box, item.flip, item.size, item.orientation) if isinstance(item, Encoded) else None
                         for item in items]
@@ -66,7 +61,7 @@ class EncodedOrPixels:
     def __call__(self, data: bytes) -> Encoded | torch.Tensor:
         frame = jpeg_frame(data)  # one walk over the header: what the device takes, the size, EXIF
         if not (frame and frame.huffman_8bit and not frame.cmyk):
-            return self.fallback(data)
+            return torch.from_numpy(self.fallback(data).resized())
         if not data.endswith(b"\xff\xd9"):  # a trailer after the image, or a truncated file, which would fail its batch
             end = jpeg_end(data)
             if end is None:

@@ -19,7 +19,8 @@ from torchvision.ops import roi_align
 from ... import options
 from ...core.config import ConfigError
 from ..images import UnreadableImage
-from . import Unreadable, as_stored, decoding, pillow_decode
+from . import Unreadable, decoding, pillow_decode
+from .jpeg import as_stored
 from .batch import BatchDecoder, Encoded
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,8 @@
 import cv2
 import numpy as np
 
-from . import CpuDecoder, dct_scale, is_cmyk_jpeg
+from . import CpuDecoder, dct_scale
+from .jpeg import is_cmyk_jpeg
 
 REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
            8: cv2.IMREAD_REDUCED_COLOR_8}

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 from torchcodec.decoders import decode_jpeg
 
-from . import CpuDecoder, as_stored, exif_orientation, reads_as_jpeg
+from . import CpuDecoder
+from .jpeg import as_stored, exif_orientation, reads_as_jpeg
 
 
 class TorchCodecDecoder(CpuDecoder):

@@ -20,7 +20,8 @@ import threading
 import numpy as np
 
 from ...contracts import Box
-from . import CpuDecoder, dct_scale, pil_size, scaled
+from . import CpuDecoder, dct_scale, scaled
+from .jpeg import pil_size
 
 INIT_DECOMPRESS, PIXEL_RGB = 1, 0  # TJINIT_DECOMPRESS, TJPF_RGB
 SUBSAMPLING, WIDTH, HEIGHT, PRECISION, COLOURSPACE = 4, 5, 6, 7, 8  # TJPARAM_* read after tj3DecompressHeader
