@@ -110,34 +110,41 @@ def run_bench(tmp_path, root, *overrides: str, env: dict | None = None) -> subpr
 def test_bench_runs_each_row_at_the_count_auto_picks_for_it_beside_references_of_every_core(tiny_root, tmp_path):
     """bench.num_workers=[auto], with a cache of its own: each row is timed at the count the sweep picks, which tries
     no workers only for a decoder that decodes beside the training process, and says the count; the references
-    count every core this process may use."""
+    count every core this process may use. A second bench takes every count from the cache, the rows read from a
+    copy in RAM (a new folder each run) included."""
     decoders = [FASTEST, *(name for name in ["dali"] if not options.facts("decoder", name).missing())]
-    result = run_bench(tmp_path, tiny_root, f"bench.decoders=[{','.join(decoders)}]", "bench.num_workers=[auto]",
-                       "bench.batch_size=2", "bench.probe_storage=false", env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
-    assert result.returncode == 0, result.stderr[-3000:]
+    runs = [run_bench(tmp_path, tiny_root, f"bench.decoders=[{','.join(decoders)}]", "bench.num_workers=[auto]",
+                      "bench.stagings=[none,tmpfs]", "bench.batch_size=2", "bench.probe_storage=false",
+                      env={"XDG_CACHE_HOME": str(tmp_path / "cache")}) for _ in range(2)]
+    assert all(result.returncode == 0 for result in runs), runs[-1].stderr[-3000:]
     with (tmp_path / "bench/bench.csv").open() as file:
-        rows = {row["decoder"]: row for row in csv.DictReader(file)}
+        rows = {(row["decoder"], row["staging"]): row for row in csv.DictReader(file)}
     cores = len(os.sched_getaffinity(0))
-    assert rows["ceiling"]["num_workers"] == rows["region ceiling"]["num_workers"] == "auto"
-    assert f"x {cores} cores" in rows["ceiling"]["note"] and rows["baseline"]["num_workers"] == str(cores)
+    ceiling, region, baseline = rows["ceiling", ""], rows["region ceiling", ""], rows["baseline", ""]
+    assert ceiling["num_workers"] == region["num_workers"] == "auto" and baseline["num_workers"] == str(cores)
+    assert f"x {cores} cores" in ceiling["note"] and {row["workers"] for row in rows.values()} == {"auto"}
     built, _ = timed_decoders(decoders, 2, torch.device("cpu"))
-    sweeps = re.findall(r"bench.num_workers=auto: (.*) images/s by worker count; using (\d+)",
-                        result.stdout + result.stderr)
-    assert len(sweeps) == len(decoders), result.stdout[-3000:]
-    for name, (rates, chosen) in zip(decoders, sweeps):
-        row, tried = rows[name], [int(rate.split(":")[0]) for rate in rates.split(", ")]
+    logged = runs[0].stdout + runs[0].stderr
+    sweeps = re.findall(r"bench.num_workers=auto: (.*) images/s by worker count; using (\d+)", logged)
+    assert len(sweeps) == 2 * len(decoders), logged[-3000:]
+    for (name, staging), (rates, chosen) in zip([(name, staging) for staging in ("none", "tmpfs") for name in decoders],
+                                                sweeps):
+        row, tried = rows[name, staging], [int(rate.split(":")[0]) for rate in rates.split(", ")]
         assert (0 in tried) == (built[name].ahead > 0), (name, tried)
-        assert row["num_workers"] == chosen and int(chosen) in tried and f"num_workers=auto: {chosen}" in row["note"]
-        ratio = float(row["images_per_s"]) / float(rows["ceiling"]["images_per_s"])
+        assert int(chosen) in tried and f"num_workers=auto: {chosen}" in row["note"]
+        ratio = float(row["images_per_s"]) / float(ceiling["images_per_s"])
         assert abs(ratio - float(row["vs_ceiling"])) < 0.02 * ratio + 0.01
-    assert len(json.loads((tmp_path / "cache" / PACKAGE / "num_workers.json").read_text())) == len(decoders)
+    again = runs[1].stdout + runs[1].stderr
+    assert "by worker count" not in again and again.count("measured before, cached") == 2 * len(decoders), again[-3000:]
+    assert len(json.loads((tmp_path / "cache" / PACKAGE / "num_workers.json").read_text())) == 2 * len(decoders)
 
 
-def test_a_worker_count_that_is_neither_a_count_nor_auto_is_one_line(tiny_root, tmp_path):
-    result = run_bench(tmp_path, tiny_root, "bench.num_workers=[two]")
-    assert result.returncode == 1
-    assert error_line(result.stderr) == ("error: bench.num_workers: 'two' is neither a worker count nor auto (each row "
-                                         "at the count loader.num_workers=auto picks for it)"), result.stderr[-2000:]
+def test_worker_counts_that_are_not_a_list_of_counts_or_auto_are_one_line(tiny_root, tmp_path):
+    for value, line in (("[two]", "bench.num_workers='two': pass a count (0 = load in the training process) or auto"),
+                        ("auto", "bench.num_workers=auto: pass a list, such as [auto] or [2,4]")):
+        result = run_bench(tmp_path, tiny_root, f"bench.num_workers={value}")
+        assert result.returncode == 1
+        assert error_line(result.stderr) == f"error: {line}", result.stderr[-2000:]
 
 
 def test_bench_skips_and_counts_unreadable_files_in_every_row_the_ceiling_included(tree_with_bad_files, tmp_path):

@@ -499,16 +499,27 @@ class Listed(torch.utils.data.Dataset):
 def test_a_cpu_decoders_collate_resizes_each_crop_into_its_place_in_the_batch():
     """In a loader worker, each slot of the batch is its crop as OpenCV resizes it alone, mirrored where it is
     flipped: from pixels of any size, an upscale, and a view into a larger array."""
-    pixels = [np.asarray(photo(width, height, seed=width)) for width, height in ((300, 200), (40, 30), (500, 90))]
+    sizes = ((300, 200), (40, 30), (500, 90), (700, 500))
+    pixels = [np.asarray(photo(width, height, seed=width)) for width, height in sizes]
     pixels[2] = pixels[2][5:-5, 7:]
-    boxes = [(40.5, 30.2, 240.0, 180.7), (0, 0, 40, 30), (300, 10, 420, 80)]
+    boxes = [(40.5, 30.2, 240.0, 180.7), (0, 0, 40, 30), (300, 10, 420, 80), (10, 20, 690, 480)]
     items = [Decoded(image, box, flip, 128) for image, box in zip(pixels, boxes) for flip in (False, True)]
     images, labels = next(iter(loader(Listed(items), len(items), False, num_workers=1, collate=PilDecoder().collate)))
     assert images.shape == (len(items), 128, 128, 3) and labels.tolist() == list(range(len(items)))
     for index, (item, image) in enumerate(zip(items, images)):
         left, top, right, bottom = pixel_box(item.box, item.pixels.shape[1], item.pixels.shape[0])
-        alone = cv2.resize(item.pixels[top:bottom, left:right], (128, 128), interpolation=cv2.INTER_LINEAR)
+        region = item.pixels[top:bottom, left:right]
+        # Area averaging from twice the output's side on (the last photo), bilinear below.
+        smooth = cv2.INTER_AREA if min(region.shape[:2]) >= 256 else cv2.INTER_LINEAR
+        alone = cv2.resize(region, (128, 128), interpolation=smooth)
         assert np.array_equal(image.numpy(), alone[:, ::-1] if item.flip else alone), index
+
+
+@pytest.mark.parametrize("pixels", [np.zeros((40, 30), np.uint8), np.zeros((40, 30, 4), np.uint8),
+                                    np.zeros((40, 30, 3), np.float32)], ids=["grey", "rgba", "float"])
+def test_pixels_that_are_not_rgb_bytes_fail_the_resize_loudly_instead_of_leaving_the_slot_unwritten(pixels):
+    with pytest.raises(ValueError, match="HWC RGB uint8 expected"):
+        Decoded(pixels, (0, 0, 30, 40), False, 16).resize_into(np.zeros((16, 16, 3), np.uint8))
 
 
 class FixedCrop(Crop):

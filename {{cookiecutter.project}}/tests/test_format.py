@@ -219,6 +219,22 @@ def test_packed_files_are_opened_in_the_workers_not_in_the_parent(format, packs)
     assert not any(key.startswith("_") and key != "_pid" for key in vars(store))
 
 
+@pytest.mark.parametrize("format", PACKED)
+def test_a_store_read_in_the_parent_before_its_workers_start_is_read_again_in_each(format, packs):
+    """loader.num_workers=auto times no workers first, then workers forked from the process that read: each gets a
+    handle of its own (LMDB refuses a second environment on a file while one is open, HDF5's must not cross fork)."""
+    from torch.utils.data import DataLoader
+
+    def contents(read: list) -> list[tuple[bytes, int]]:
+        return [(np.asarray(payload).tobytes(), label) for payload, label in read]
+
+    store = open_pack(format, packs[format]).train
+    in_parent = contents(store.read(index) for index in range(len(store)))
+    in_workers = contents(DataLoader(range(len(store)), batch_size=None, num_workers=2,
+                                     collate_fn=lambda index: store.read(index)))
+    assert in_workers == in_parent and len(set(in_parent)) == len(store)
+
+
 def test_pack_refuses_a_disk_too_small_with_the_numbers(tiny_root, small_disk, tmp_path, monkeypatch):
     import {{ cookiecutter.package }}.tools.pack as packing
 

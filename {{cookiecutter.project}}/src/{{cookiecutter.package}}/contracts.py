@@ -66,11 +66,17 @@ class Store(ABC):
 
     def ensure_open(self) -> None:
         if self._pid != os.getpid():
+            if self._pid is not None:  # opened in the process this one was forked from (it read with no workers)
+                self.close()
             self.open()
             self._pid = os.getpid()
 
     def open(self) -> None:
         """Open the file in the calling process; a store of separate files has nothing to open."""
+
+    def close(self) -> None:
+        """In a forked process, let go of what `open` opened in its parent: a library whose handles must not cross
+        fork (LMDB refuses to open the file again while one is open) gets a handle of this process's own."""
 
     @abstractmethod
     def payload(self, index: int) -> Any:

@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,18 +35,23 @@ REPLACEMENTS = BAD_ALLOWED + 1  # images tried after an unreadable one; more tha
 
 
 class ReadTimes:
-    """Where the loader's workers spend each image: reading its bytes from the store, or decoding and cropping
-    them. Summed in shared memory by every worker; `sample()` gives per-image figures since its previous call."""
+    """Where the loader's workers spend each image: reading its bytes from the store, or decoding, cropping and
+    resizing them (in the transform, and in the collate where `timed` wraps it). Summed in shared memory by every
+    worker; `sample()` gives per-image figures since its previous call."""
 
     def __init__(self):
         self.totals = multiprocessing.Array("d", 3)  # seconds reading, seconds transforming, images
         self.last = (0.0, 0.0, 0.0)
 
-    def add(self, reading_s: float, transforming_s: float) -> None:
+    def add(self, reading_s: float, transforming_s: float, images: int = 1) -> None:
         with self.totals.get_lock():
             self.totals[0] += reading_s
             self.totals[1] += transforming_s
-            self.totals[2] += 1
+            self.totals[2] += images
+
+    def timed(self, collate: Callable) -> "TimedCollate":
+        """`collate`, its seconds counted as transforming: a CPU decoder crops and resizes a batch's images there."""
+        return TimedCollate(collate, self)
 
     def sample(self) -> dict[str, float]:
         """`loader/read_ms` and `loader/decode_ms` per image, and `loader/read_share`, the percentage of a
@@ -57,6 +63,17 @@ class ReadTimes:
         self.last = now
         return {"loader/read_ms": 1000 * reading / max(images, 1), "loader/decode_ms": 1000 * transforming / max(images, 1),
                 "loader/read_share": 100 * reading / (reading + transforming) if images else 0.0}
+
+
+class TimedCollate:
+    def __init__(self, collate: Callable, times: ReadTimes):
+        self.collate, self.times = collate, times
+
+    def __call__(self, samples: list):
+        start = time.perf_counter()
+        batch = self.collate(samples)
+        self.times.add(0.0, time.perf_counter() - start, images=0)
+        return batch
 
 
 class Images(Dataset):

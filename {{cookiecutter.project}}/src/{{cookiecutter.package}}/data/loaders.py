@@ -150,8 +150,10 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
                                      world.device, non_blocking),
         decodes_beside=chosen.ahead > 0, device=world.device)
     to_device = ToDevice(chosen, world.device, non_blocking, memory_format)
-    train = training_loader(stores, splits.train, batch_size, seed, world, chosen.collate, visiting, **settings)
-    val = make_loader(splits.val, batch_size, False, seed, world, collate=chosen.collate, **settings)
+    train = training_loader(stores, splits.train, batch_size, seed, world, splits.train.times.timed(chosen.collate),
+                            visiting, **settings)
+    val = make_loader(splits.val, batch_size, False, seed, world, collate=splits.val.times.timed(chosen.collate),
+                      **settings)
     train, val = (build(prefetcher, to_device=to_device, loader=loader) for loader in (train, val))
     return Loaders(train, val, settings["num_workers"], splits)
 

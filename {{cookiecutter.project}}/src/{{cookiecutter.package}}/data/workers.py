@@ -46,14 +46,14 @@ def images_per_s(loader, batch_size: int, device: torch.device) -> float:
     return timed * batch_size / (time.perf_counter() - start)
 
 
-def read_cache() -> dict:
+def read_cache(setting: str) -> dict:
     """The measured worker counts, or none when the cache is missing or unreadable: they are measured again."""
     try:
         return json.loads(CACHE.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:
-        log.warning("loader.num_workers=auto: ignoring the unreadable cache %s (%s)", CACHE, err)
+        log.warning("%s=auto: ignoring the unreadable cache %s (%s)", setting, CACHE, err)
         return {}
 
 
@@ -62,20 +62,27 @@ def work_of(decoder: Decoder, crop_size: int) -> str:
     return f"{type(decoder).__module__}.{type(decoder).__name__}|crop {crop_size}|decoded"
 
 
+def check_worker_count(value, setting: str) -> None:
+    """Refuse, in one line, a `setting` that is neither a count of workers nor auto."""
+    if value != "auto" and not (isinstance(value, int) and value >= 0):
+        raise ConfigError(f"{setting}={value!r}: pass a count (0 = load in the training process) or auto")
+
+
 def pick_num_workers(value: int | str, dataset, batch_size: int, work: str,
                      loader_with: Callable[[int], Iterable], decodes_beside: bool = False,
-                     device: torch.device = torch.device("cpu"), setting: str = "loader.num_workers") -> int:
+                     device: torch.device = torch.device("cpu"), setting: str = "loader.num_workers",
+                     data: str | None = None) -> int:
     """The worker count to use: `value` as given, or for `auto` the fastest of a sweep of `loader_with(count)`
     (batches as the device receives them, decoded), measured once per machine, data set and `work` (what the
-    workers and the decoder do to each image); `decodes_beside`: see `candidates`; `setting`: the key a line names."""
-
+    workers and the decoder do to each image); `decodes_beside`: see `candidates`; `setting`: the key a line names;
+    `data`: the data set's name for the cache, where its first file's name changes between runs (a copy in a
+    temporary folder)."""
+    check_worker_count(value, setting)
     if value != "auto":
-        if not isinstance(value, int) or value < 0:
-            raise ConfigError(f"{setting}={value!r}: pass a count (0 = load in the training process) or auto")
         return value
     cores = cores_per_process()
-    key = f"{platform.node()}|{cores} cores|{dataset.store.name(0)}|{len(dataset)}|{work}|batch {batch_size}"
-    cache = read_cache()
+    key = f"{platform.node()}|{cores} cores|{data or dataset.store.name(0)}|{len(dataset)}|{work}|batch {batch_size}"
+    cache = read_cache(setting)
     if key in cache:
         log.info("%s=auto: %d (measured before, cached in %s)", setting, cache[key], CACHE)
         return cache[key]
@@ -93,6 +100,6 @@ def pick_num_workers(value: int | str, dataset, batch_size: int, work: str,
         CACHE.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(CACHE, lambda path: path.write_text(json.dumps({**cache, key: chosen}, indent=1)))
     except (OSError, WriteError) as err:
-        log.warning("loader.num_workers=auto: could not cache the measurement in %s (%s); the next run measures "
-                    "again", CACHE, err)
+        log.warning("%s=auto: could not cache the measurement in %s (%s); the next run measures again", setting,
+                    CACHE, err)
     return chosen

@@ -22,9 +22,9 @@ from ..core.hardware import synchronize
 from ..data.decoder import DECODE_ERRORS, CpuDecoder
 from ..data.images import REPLACEMENTS, WrongDataSet, make_splits
 from ..data.loaders import training_loader
-from ..data.workers import pick_num_workers, work_of
 from ..data.sources import Source
 from ..data.staging import no_staging
+from ..data.workers import check_worker_count, pick_num_workers, work_of
 from .ceilings import CEILING_FILES, Ceilings, cores_for, shares
 from .pack import pack
 from .staged import counted, stagings, timed_staging
@@ -32,7 +32,7 @@ from .storage_probe import storage_rows
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("decoder", "format", "order", "staging", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling",
+COLUMNS = ("decoder", "format", "order", "staging", "workers", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling",
            "vs_region_ceiling", "unreadable", "staging_s", "page_cache", "read_mb_s", "sequential_mb_s", "first_batch_s", "limit", "note")
 
 
@@ -186,10 +186,10 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
         built_in = " or ".join(f"data={name}" for name in options.having("data", "built_in"))
         raise ConfigError(f"pass data.root=/path/to/tree (train/ and val/), or use {built_in}")
     settings = cfg.bench
+    if not OmegaConf.is_list(settings.num_workers):
+        raise ConfigError(f"bench.num_workers={settings.num_workers}: pass a list, such as [auto] or [2,4]")
     for workers in settings.num_workers:
-        if workers != "auto" and not (isinstance(workers, int) and workers >= 0):
-            raise ConfigError(f"bench.num_workers: {workers!r} is neither a worker count nor auto (each row at the "
-                              "count loader.num_workers=auto picks for it)")
+        check_worker_count(workers, "bench.num_workers")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if settings.device == "auto" \
         else torch.device(settings.device)
     names = [name for name in options.options("decoder") if not options.facts("decoder", name).takes_pixels] \
@@ -247,7 +247,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                                                  work_of(decoder, source.crop_size),
                                                  lambda count: uploads(loader_with(count)),
                                                  decodes_beside=decoder.ahead > 0, device=device,
-                                                 setting="bench.num_workers")
+                                                 setting="bench.num_workers", data=f"{source.root}|{format}|{staging}")
                         references.measure()
                         loader = loader_with(count, persistent=True)
                         timed = time_epochs(loader, settings.timed_epochs, uploads, device, loader.set_epoch)

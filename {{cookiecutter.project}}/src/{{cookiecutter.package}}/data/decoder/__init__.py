@@ -69,9 +69,10 @@ def batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
     return buffer.set_(buffer.untyped_storage()._new_shared(math.prod(shape))).view(shape)
 
 
-# Pixels a worker keeps per image until its batch's collate resizes them, in outputs' worth: a region decoded at the
-# DCT scale that covers the output is under twice its side each way.
-KEPT_OUTPUTS = 4
+# Pixels a worker keeps per image until its batch's collate resizes them, in outputs' worth. A region decoded at the
+# DCT scale that covers the output is under twice the output's side on the crop's shorter side and at most 4/3 of
+# that on its longer one (TrainCrop's ratios): under 5.3 outputs, and a little more aligned to the MCU grid.
+KEPT_OUTPUTS = 6
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""What a file's header says, read without decoding it: its size, how a JPEG is coded, its EXIF orientation, where
-it ends."""
+"""What a file's header says, read without decoding it: its size, how a JPEG is coded, its EXIF orientation (and how
+to undo a decoder's turn by it), where it ends."""
 import io
 from dataclasses import dataclass
 

@@ -20,8 +20,8 @@ from ... import options
 from ...core.config import ConfigError
 from ..images import UnreadableImage
 from . import Unreadable, decoding, pillow_decode
-from .jpeg import as_stored
 from .batch import BatchDecoder, Encoded
+from .jpeg import as_stored
 
 log = logging.getLogger(__name__)
 

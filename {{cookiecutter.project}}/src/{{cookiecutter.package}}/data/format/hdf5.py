@@ -25,7 +25,11 @@ class Hdf5Images(Packed):
         self.offsets = offsets
 
     def open(self) -> None:
-        self._bytes = h5py.File(self.path, "r")["bytes"]
+        self._file = h5py.File(self.path, "r")
+        self._bytes = self._file["bytes"]
+
+    def close(self) -> None:
+        self._file.close()
 
     def payload(self, index: int) -> bytes:
         return self._bytes[self.offsets[index]:self.offsets[index + 1]].tobytes()

@@ -35,7 +35,11 @@ class LmdbImages(Packed):
         super().__init__(path, labels)
 
     def open(self) -> None:
-        self._txn = _environment(self.path).begin(buffers=False)
+        self._environment = _environment(self.path)
+        self._txn = self._environment.begin(buffers=False)
+
+    def close(self) -> None:
+        self._environment.close()
 
     def payload(self, index: int) -> bytes:
         return self._txn.get(_key(index))
