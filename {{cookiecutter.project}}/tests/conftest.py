@@ -310,13 +310,17 @@ def stopped_after_first_checkpoint(run_dir: Path, overrides: tuple[str, ...], ca
 
 
 TRAINING_IMAGES_SCRIPT = """
-import json, os, sys, zlib
+import atexit, json, os, sys, zlib
 import torch
 from hydra import compose, initialize_config_dir
+from {{ cookiecutter.package }}.contracts import Decoder
 from {{ cookiecutter.package }}.core.distributed import setup
 from {{ cookiecutter.package }}.core.failures import end_workers
+from {{ cookiecutter.package }}.data.decoder import CpuDecoder
 from {{ cookiecutter.package }}.data.loaders import make_loaders
 
+atexit.register(end_workers)  # before multiprocessing's, which would wait for workers that ignore its SIGTERM
+CpuDecoder.collate = Decoder.collate  # the batches hold CRC-32s, collated as torch does: no crops to resize
 world = setup(1.0)
 conf, out = sys.argv[1], sys.argv[2]
 with initialize_config_dir(config_dir=conf, version_base="1.3"):
