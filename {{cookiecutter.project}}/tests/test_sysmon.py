@@ -54,21 +54,20 @@ def test_the_loader_times_tell_reading_from_decoding(read_s, transform_s):
 
 
 def slow_collate(samples: list) -> list:
-    time.sleep(0.01 * len(samples))
+    time.sleep(0.02 * len(samples))
     return samples
 
 
 def test_a_timed_collates_seconds_count_as_decoding_its_images_not_again():
-    """A CPU decoder resizes in its collate: 10 ms an image there, beside 2 ms reads and a transform that only picks
-    the crop, is decoding time (the storage verdict reads the share), and the images are counted once."""
+    """A CPU decoder resizes in its collate: 20 ms an image there, beside 2 ms reads and a transform that only picks
+    the crop, is decoding time (the storage verdict reads the share), per image counted once (10 ms if twice)."""
     images = Images(SlowStore(0.002), slow_transform(0.0), on_error="skip")
     monitor = SystemMonitor(torch.device("cpu"), images.times)
     loaded = list(torch.utils.data.DataLoader(images, batch_size=2, num_workers=2,
                                               collate_fn=images.times.timed(slow_collate)))
     assert len(loaded) == 4
     values = monitor.sample()
-    assert values["loader/decode_ms"] == pytest.approx(10, rel=0.5) and values["loader/read_share"] < 50
-    assert values["loader/read_ms"] == pytest.approx(2, rel=0.5, abs=1.0)
+    assert values["loader/decode_ms"] == pytest.approx(20, rel=0.3) and values["loader/read_share"] < 50
 
 
 def burn(seconds: float, spent) -> None:
