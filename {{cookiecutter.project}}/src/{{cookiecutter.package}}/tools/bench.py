@@ -211,15 +211,15 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
         for workers in settings.num_workers:  # a count, or auto: each row at the count training's auto picks for it
             references.measure()
             cores = cores_for(workers)
+            baseline_workers = cores if workers == "auto" else workers  # a worker per core, as its users pass -j
             baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size,
-                                                   cores if workers == "auto" else workers, settings.timed_epochs,
-                                                   device)
+                                                   baseline_workers, settings.timed_epochs, device)
             rows += [{"decoder": "ceiling", "format": "memory", "workers": workers, "num_workers": workers,
                       "ceiling": references.full,
                       "note": f"{references.full.decoder} full decode, 1 process x {cores} cores, "
                               f"unreadable files of the {CEILING_FILES} first skipped"},
                      {"decoder": "baseline", "format": "folder", "workers": workers,
-                      "num_workers": cores if workers == "auto" else workers,
+                      "num_workers": baseline_workers,
                       "images_per_s": baseline_rate, "reference": True, "unreadable": baseline_bad,
                       "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped" +
                               ("; a worker per core" if workers == "auto" else "")},
