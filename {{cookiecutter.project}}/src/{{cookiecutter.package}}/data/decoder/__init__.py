@@ -25,9 +25,9 @@ import cv2
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import get_worker_info
 
 from ...contracts import Box, Crop, Decoder
+from ..batch_memory import batch_buffer
 from .jpeg import header_size
 
 # What the decoding libraries raise for a file they cannot read: Pillow (OSError, SyntaxError, its
@@ -58,15 +58,6 @@ def pixel_box(box: Box, width: int, height: int) -> tuple[int, int, int, int]:
     """The box in whole pixels, inside the image and at least one pixel wide."""
     left, top = min(int(box[0]), width - 1), min(int(box[1]), height - 1)
     return left, top, max(left + 1, min(round(box[2]), width)), max(top + 1, min(round(box[3]), height))
-
-
-def batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 tensor for one batch: in a loader worker, allocated in shared memory as default_collate
-    allocates its batches, so that it reaches the training process without a copy (share_memory_() would copy it)."""
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8)
-    buffer = torch.empty(0, dtype=torch.uint8)
-    return buffer.set_(buffer.untyped_storage()._new_shared(math.prod(shape))).view(shape)
 
 
 # Pixels a worker keeps per image until its batch's collate resizes them, in outputs' worth. A region decoded at the

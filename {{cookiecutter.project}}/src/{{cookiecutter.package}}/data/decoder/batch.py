@@ -17,7 +17,8 @@ import torch
 from ... import options
 from ...contracts import Crop, Decoder
 from ...core.config import ConfigError
-from . import DecodeCrop, Unreadable, batch_buffer, decoding, pixel_box
+from ..batch_memory import batch_buffer
+from . import DecodeCrop, Unreadable, decoding, pixel_box
 from .jpeg import exif_orientation, header_size, jpeg_end, jpeg_frame
 from .pil import PilDecoder
 
