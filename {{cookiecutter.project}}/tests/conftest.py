@@ -1,4 +1,5 @@
 """The real config, composed once and shrunk: CPU, a tiny synthetic data set, a few steps, output under tmp_path."""
+import atexit
 import io
 import json
 import os
@@ -15,7 +16,13 @@ from omegaconf import DictConfig
 from PIL import Image
 
 from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }}.core.failures import end_workers
 from {{ cookiecutter.package }}.core.hardware import Hardware
+
+# A failing test's traceback can keep a loader's persistent workers alive to the end of the session; they ignore the
+# SIGTERM multiprocessing sends them at exit, which would then wait for them forever. Registered after
+# multiprocessing's own exit handler, this runs first.
+atexit.register(end_workers)
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONF = options.CONF

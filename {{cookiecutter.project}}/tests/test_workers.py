@@ -42,14 +42,20 @@ def test_auto_measures_picks_the_fastest_and_caches_it(train_set, tmp_path, monk
     monkeypatch.setattr(workers, "cores_per_process", lambda: 4)
     timed = []
 
-    def fake_rate(loader, batch_size, device):
+    warmups = []
+
+    def fake_rate(loader, batch_size, device, warmup):
         timed.append(loader.num_workers)
+        warmups.append(warmup)
         return {1: 100.0, 2: 300.0, 4: 290.0}[loader.num_workers]
 
     monkeypatch.setattr(workers, "images_per_s", fake_rate)
     caplog.set_level("INFO")
     assert workers.pick_num_workers("auto", train_set, 2, "pil|crop 32", loader_with(train_set)) == 2  # 4 within 5%: fewer wins
     assert timed == [1, 2, 4] and "1: 100, 2: 300, 4: 290" in caplog.text
+    # Each worker's first three batches, which allocate its batch buffers, are not timed, as far as the set allows
+    spare = len(train_set) // 2 - workers.TIMED_BATCHES
+    assert 3 < spare < 6 and warmups == [3, spare, spare]
     assert list(json.loads((tmp_path / "num_workers.json").read_text()).values()) == [2]
     assert workers.pick_num_workers("auto", train_set, 2, "pil|crop 32", loader_with(train_set)) == 2
     assert timed == [1, 2, 4]  # the second run read the cache
@@ -59,8 +65,8 @@ def test_auto_lets_a_decoder_beside_the_training_process_read_the_files_itself(t
     """DALI's executor decodes beside the training process: there the sweep also times no workers at all."""
     monkeypatch.setattr(workers, "CACHE", tmp_path / "num_workers.json")
     monkeypatch.setattr(workers, "cores_per_process", lambda: 2)
-    monkeypatch.setattr(workers, "images_per_s", lambda loader, batch_size, device: {0: 310.0, 1: 200.0, 2: 300.0}[
-        loader.num_workers])
+    monkeypatch.setattr(workers, "images_per_s", lambda loader, batch_size, device, warmup:
+                        {0: 310.0, 1: 200.0, 2: 300.0}[loader.num_workers])
     assert workers.pick_num_workers("auto", train_set, 2, "dali|crop 32", loader_with(train_set),
                                     decodes_beside=True) == 0
     assert workers.pick_num_workers("auto", train_set, 2, "pil|crop 32", loader_with(train_set)) == 2
@@ -76,7 +82,7 @@ def test_auto_times_batches_as_the_training_step_receives_them(name, compose_tin
     monkeypatch.setattr(workers, "cores_per_process", lambda: 2)
     swept = []
 
-    def first_batch(batches, batch_size, device):
+    def first_batch(batches, batch_size, device, warmup):
         images, _ = next(iter(batches))
         swept.append((images.dtype, images.dim(), images.shape[1]))
         return 100.0

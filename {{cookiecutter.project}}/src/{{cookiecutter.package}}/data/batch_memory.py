@@ -3,14 +3,15 @@
 A worker hands its batch over in shared memory, as default_collate does: the training process maps the same pages,
 with no copy. New shared memory each batch is what default_collate allocates, and it is dear: the kernel
 allocates, zeroes and maps a new page 4 KiB at a time as the collate first writes it, 8.8 ms for a batch of 64
-224 px crops on a 2-core VM, 137 µs an image, besides each image's decode of about 1.2 ms (docs/benchmarks.md).
+224 px crops on a 2-core VM, 137 µs an image, beside each image's decode of about 1.2 ms (docs/benchmarks.md).
 
-So each worker keeps a few buffers (`LENT_BUFFERS`). A batch in one of them travels as a `Lent` tensor, which
-carries the buffer's number and the worker's flags (one shared byte per buffer) with it. The training process
-rebuilds it as a plain tensor and sets the buffer's flag back to free when that tensor's memory is released,
-every view of it included, whether the step took it or pin_memory copied it. A worker never writes a
-buffer whose flag is set, and when all of them are, it allocates new shared memory as before: a batch that the
-training process keeps is never overwritten, and nothing waits.
+So a worker whose loader asks for it (`lend_batches`, at the worker's start) keeps a few buffers. A batch in one of
+them travels as a `Lent` tensor, which carries the buffer's number and the worker's flags (one shared byte per
+buffer) with it. The training process rebuilds it as a plain tensor and sets the buffer's flag back to free when
+that tensor's memory is released, every view of it included, whether the step took it or pin_memory copied it. A
+worker never writes a buffer whose flag is set, and when all of them are, it allocates new shared memory as
+before: a batch that the training process keeps is never overwritten, and nothing waits. The buffers stay
+allocated for the worker's life, idle or not.
 """
 import math
 import weakref
@@ -19,9 +20,6 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 from torch.utils.data import get_worker_info
 
-# A worker's batches alive at once: prefetch_factor (2) waiting, plus the training step's and the one pin_memory
-# copies. More are allocated anew, as without reuse.
-LENT_BUFFERS = 4
 ROUND_TO = 1 << 20  # buffers round up to whole MiB, so that a batch of encoded files a little larger fits next time
 
 
@@ -57,9 +55,10 @@ def new_shared(nbytes: int) -> torch.Tensor:
 class WorkerBuffers:
     """One worker's reused buffers, and their flags, set while a batch in the buffer is alive in any process."""
 
-    def __init__(self):
+    def __init__(self, count: int):
+        self.count = count
         self.buffers: list[torch.Tensor] = []
-        self.flags = torch.zeros(LENT_BUFFERS, dtype=torch.uint8).share_memory_()
+        self.flags = torch.zeros(count, dtype=torch.uint8).share_memory_()
         self.held = self.flags.numpy()
 
     def lend(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -70,7 +69,7 @@ class WorkerBuffers:
         if fitting:
             index = fitting[0]
         else:
-            if len(self.buffers) < LENT_BUFFERS:
+            if len(self.buffers) < self.count:
                 index = len(self.buffers)
                 self.buffers.append(torch.empty(0))
             elif free:  # a free buffer too small for this batch makes way for one that fits
@@ -84,15 +83,21 @@ class WorkerBuffers:
         return lent
 
 
-_worker_buffers: WorkerBuffers | None = None
+_worker_buffers: WorkerBuffers | None = None  # set in a worker whose loader lends; the training process has none
+
+
+def lend_batches(count: int) -> None:
+    """In a loader worker, at its start: assemble batches in `count` buffers, each used again once the training
+    process has released the batch in it."""
+    global _worker_buffers
+    _worker_buffers = WorkerBuffers(count)
 
 
 def batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 tensor for one batch: in a loader worker, in shared memory that reaches the training
-    process without a copy, reused once the training process has released the batch it held."""
-    global _worker_buffers
+    """An uninitialised uint8 tensor for one batch, to be returned as it is: in a loader worker, in shared memory
+    that reaches the training process without a copy, one of the worker's own buffers where its loader lends them."""
     if get_worker_info() is None:
         return torch.empty(shape, dtype=torch.uint8)
-    if _worker_buffers is None:  # each worker's own; its process is new, forked or spawned, and starts with None
-        _worker_buffers = WorkerBuffers()
+    if _worker_buffers is None:
+        return new_shared(math.prod(shape)).view(shape)
     return _worker_buffers.lend(shape)

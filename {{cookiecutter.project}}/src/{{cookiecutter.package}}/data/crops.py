@@ -8,7 +8,7 @@ from ..contracts import Box, Crop
 class TrainCrop(Crop):
     """Random-resized-crop box (torchvision's sampling rule) and a coin flip for the horizontal mirror.
 
-    Drawn with Python's `random`, which seed_worker seeds per worker and epoch: a tenth of the cost of
+    Drawn with Python's `random`, which start_worker seeds per worker and epoch: a tenth of the cost of
     torchvision's get_params, which matters once nothing is left to decode (format=tensor).
     """
 

@@ -5,7 +5,9 @@ The loop sees `Loaders` and nothing of which options were picked.
 """
 import random
 import signal
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -17,6 +19,7 @@ from ..contracts import Layout, Order, Prefetcher, ResumableLoader, Stores
 from ..core.config import RANGES, ConfigError, build
 from ..core.distributed import World
 from ..core.faults import FaultyReads
+from .batch_memory import lend_batches
 from .device import ToDevice
 from .images import Images, Splits, make_splits
 from .order import FULL_SHUFFLE
@@ -44,14 +47,24 @@ class Loaders:
         self.splits.share_unreadable(world)
 
 
-def seed_worker(worker_id: int) -> None:
-    """Seed Python's and NumPy's generators from the per-worker, per-epoch seed torch gives each worker."""
+def start_worker(worker_id: int, lent_batches: int = 0) -> None:
+    """Seed Python's and NumPy's generators from the per-worker, per-epoch seed torch gives each worker; keep
+    `lent_batches` batch buffers for the worker to use again (batch_memory.py), where that is more than none."""
     # Ctrl-C and Slurm's SIGTERM reach the workers too; the training process alone decides how to stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)
+    if lent_batches:
+        lend_batches(lent_batches)
+
+
+def training_worker_start(prefetch_factor: int) -> Callable[[int], None]:
+    """A training loader's worker_init_fn: a buffer for each batch the worker has prefetched and for the two the
+    training process may still hold, the step's and the one handed over before it. Validation's workers keep none,
+    since they sit idle, holding them, through each epoch of training."""
+    return partial(start_worker, lent_batches=prefetch_factor + 2)
 
 
 class SampledLoader(DataLoader):
@@ -107,7 +120,8 @@ def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: i
     """
     settings = dict(num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory and world.device.type == "cuda",
                     prefetch_factor=prefetch_factor if num_workers else None,
-                    persistent_workers=persistent_workers and num_workers > 0, worker_init_fn=seed_worker,
+                    persistent_workers=persistent_workers and num_workers > 0,
+                    worker_init_fn=training_worker_start(prefetch_factor) if train else start_worker,
                     generator=torch.Generator().manual_seed(seed + world.rank))  # a new worker base seed each epoch
     if not train:
         return DataLoader(dataset, batch_size=batch_size, sampler=Shard(dataset, world), **settings)
@@ -121,7 +135,8 @@ def training_loader(stores: Stores, images: Images, batch_size: int, seed: int, 
     """Ours, in `order`, or the format's own where it shards and shuffles the stream itself."""
     if stores.train_loader is None:
         return make_loader(images, batch_size, True, seed, world, collate=collate, order=order, **settings)
-    return stores.train_loader(images, batch_size=batch_size, seed=seed, collate=collate, worker_init_fn=seed_worker,
+    return stores.train_loader(images, batch_size=batch_size, seed=seed, collate=collate,
+                               worker_init_fn=training_worker_start(settings["prefetch_factor"]),
                                **{**settings, "pin_memory": settings["pin_memory"] and world.device.type == "cuda"})
 
 

@@ -37,7 +37,8 @@ class OneBuffer:
 
     A loader worker hands every tensor of a batch over through a shared-memory file descriptor that it holds
     until the training process takes the batch: one per image would be 1,024 for a batch of 256 with four
-    batches prefetched, the usual soft limit. One buffer is one descriptor, however many images it holds."""
+    batches prefetched, the usual soft limit. One buffer is one descriptor, however many images it holds (two
+    where the worker lends it: its flags travel with it, batch_memory.py)."""
 
     def __init__(self, items: list[Encoded | torch.Tensor]):
         arrays = [item.data if isinstance(item, Encoded) else item.numpy() for item in items]
