@@ -40,9 +40,7 @@ def test_candidates_go_up_to_the_cores_and_from_none_for_a_decoder_beside_the_tr
 def test_auto_measures_picks_the_fastest_and_caches_it(train_set, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(workers, "CACHE", tmp_path / "num_workers.json")
     monkeypatch.setattr(workers, "cores_per_process", lambda: 4)
-    timed = []
-
-    warmups = []
+    timed, warmups = [], []
 
     def fake_rate(loader, batch_size, device, warmup):
         timed.append(loader.num_workers)

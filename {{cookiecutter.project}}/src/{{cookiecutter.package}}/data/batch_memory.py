@@ -56,7 +56,6 @@ class WorkerBuffers:
     """One worker's reused buffers, and their flags, set while a batch in the buffer is alive in any process."""
 
     def __init__(self, count: int):
-        self.count = count
         self.buffers: list[torch.Tensor] = []
         self.flags = torch.zeros(count, dtype=torch.uint8).share_memory_()
         self.held = self.flags.numpy()
@@ -69,7 +68,7 @@ class WorkerBuffers:
         if fitting:
             index = fitting[0]
         else:
-            if len(self.buffers) < self.count:
+            if len(self.buffers) < len(self.held):
                 index = len(self.buffers)
                 self.buffers.append(torch.empty(0))
             elif free:  # a free buffer too small for this batch makes way for one that fits
