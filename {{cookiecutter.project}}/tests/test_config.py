@@ -2,6 +2,7 @@
 import json
 import re
 import sys
+from dataclasses import astuple
 
 import numpy as np
 import pytest
@@ -120,9 +121,13 @@ def check_order(order, cfg, tmp_path, option):
     reads = order.reads(NoStore(np.arange(50) % 7))
     assert isinstance(order, Order) and [reads.read(index) for index in (7, 3, 49)] == [(7, 0), (3, 3), (49, 0)]
     for layout in (Layout(1, 1, 4), Layout(2, 3, 5)):
-        drawn = [order.permutation(50, torch.Generator().manual_seed(seed), layout) for seed in (0, 0, 1)]
-        assert sorted(drawn[0].tolist()) == list(range(50))
-        assert drawn[0].equal(drawn[1]) and not drawn[0].equal(drawn[2])
+        drawn = [order.draw(50, torch.Generator().manual_seed(seed), layout) for seed in (0, 0, 1)]
+        assert sorted(drawn[0].indices.tolist()) == list(range(50))
+        assert (drawn[0].indices == drawn[1].indices).all() and not (drawn[0].indices == drawn[2].indices).all()
+        if drawn[0].run_starts is not None:  # each image read with a run of records that holds it
+            assert (drawn[0].run_starts <= drawn[0].indices).all() and (drawn[0].indices < drawn[0].run_stops).all()
+            assert [reads.read(index, (start, stop))[1] for index, start, stop in
+                    zip(*(part.tolist() for part in astuple(drawn[0])))] == [index % 7 for index in drawn[0].indices]
 
 
 class NoStore(Store):

@@ -27,7 +27,7 @@ class SlowStore:
     def __len__(self) -> int:
         return 8
 
-    def read(self, index: int) -> tuple[bytes, int]:
+    def read(self, index: int, run=None) -> tuple[bytes, int]:
         time.sleep(self.read_s)
         return b"payload", 0
 

@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import default_collate
 
 Box = tuple[float, float, float, float]  # left, top, right, bottom, in pixels of the full-size image
+Run = tuple[int, int]  # consecutive records start..stop-1, which one loader worker reads in one request
 Batch = tuple[torch.Tensor, torch.Tensor]  # (images, labels), as the training step takes them
 
 
@@ -59,8 +60,9 @@ class Store(ABC):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def read(self, index: int) -> tuple[Any, int]:
-        """(payload, label) of one image."""
+    def read(self, index: int, run: Run | None = None) -> tuple[Any, int]:
+        """(payload, label) of one image; `run`: the records the epoch's order reads it with, where the order reads
+        runs (a store that reads them at once, order.BlockReads, takes it; the others read the image alone)."""
         self.ensure_open()
         return self.payload(index), int(self.labels[index])
 
@@ -115,19 +117,33 @@ class Stores:
 
 @dataclass(frozen=True)
 class Layout:
-    """Who reads an epoch: the processes, each one's loader workers (1 for none) and the images per batch."""
+    """Who reads an epoch: the processes, the loader workers of each in rank order (1 for none), and the images
+    per batch."""
     processes: int
-    workers: int
+    workers: tuple[int, ...]  # one count for every process also reads as that count in each
     batch_size: int
+
+    def __post_init__(self):
+        workers = (self.workers,) * self.processes if isinstance(self.workers, int) else tuple(self.workers)
+        object.__setattr__(self, "workers", tuple(max(1, count) for count in workers))
+
+
+@dataclass(frozen=True)
+class EpochOrder:
+    """One epoch's order: a permutation of the data set's indices and, for an order that reads runs of records,
+    the run each position's image is read with (`Run`, as two arrays beside the indices)."""
+    indices: np.ndarray  # int64
+    run_starts: np.ndarray | None = None
+    run_stops: np.ndarray | None = None
 
 
 class Order(ABC):
     """In which order an epoch visits the training images, and what the workers read them from."""
 
     @abstractmethod
-    def permutation(self, size: int, generator: torch.Generator, layout: Layout) -> torch.Tensor:
-        """One epoch's order, a permutation of range(size) drawn from `generator`. Process r trains on every
-        processes-th image of it from r, and its worker w makes every workers-th batch of that share from w."""
+    def draw(self, size: int, generator: torch.Generator, layout: Layout) -> EpochOrder:
+        """One epoch's order of range(size), drawn from `generator`. Process r trains on every processes-th image
+        of it from r, and its k-th batch is made by its worker k % workers[r] (the DataLoader's turn)."""
 
     def reads(self, store: Store) -> Store:
         """What the workers read from: `store`, or a view of it that reads this order's runs at once."""

@@ -114,8 +114,10 @@ class Images(Dataset):
     def bad_flags(self) -> torch.Tensor:
         return torch.frombuffer(self.bad, dtype=torch.int8)
 
-    def __getitem__(self, key: int | tuple[int, int]):
-        index, epoch = key if isinstance(key, tuple) else (key, None)
+    def __getitem__(self, key: int | tuple):
+        """`key`: an index, or from the training sampler (index, epoch), with the run the order reads it with where
+        it reads runs (sampling.EpochPlan.keys)."""
+        index, epoch, *run = key if isinstance(key, tuple) else (key, None)
         if epoch is not None:
             random.seed(hash((self.seed, epoch, index)))  # ints and tuples of them hash the same in every process
             if epoch != self._epoch:  # this process's copy: each worker's first image of an epoch
@@ -125,7 +127,7 @@ class Images(Dataset):
             position %= len(self.store)
             try:
                 start = time.perf_counter()
-                payload, label = self.store.read(position)
+                payload, label = self.store.read(position, tuple(run) if run and position == index else None)
                 read = time.perf_counter()
                 item = self.transform(payload)
                 self.times.add(read - start, time.perf_counter() - read)

@@ -111,12 +111,12 @@ class SampledLoader(DataLoader):
 
 def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: int, world: World,
                 num_workers: int, prefetch_factor: int, pin_memory: bool, persistent_workers: bool,
-                collate=None, order: Order = FULL_SHUFFLE) -> SampledLoader | DataLoader:
+                collate=None, order: Order = FULL_SHUFFLE, layout: Layout | None = None) -> SampledLoader | DataLoader:
     """Training batches are shuffled and full, a different share per process; validation covers each image once.
 
-    The training sampler (a DistributedSampler) serves a single process too (one replica needs no process
-    group); its order depends only on seed and epoch, so a resumed run sees the order the uninterrupted
-    one would have, from the batch where it stopped. `order` draws that order (validation's is the stored one).
+    The training sampler serves a single process too; its order depends only on seed, epoch and `layout` (by
+    default every process as this one), so a resumed run sees the order the uninterrupted one would have, from the
+    batch where it stopped. `order` draws that order (validation's is the stored one).
     """
     settings = dict(num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory and world.device.type == "cuda",
                     prefetch_factor=prefetch_factor if num_workers else None,
@@ -125,16 +125,16 @@ def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: i
                     generator=torch.Generator().manual_seed(seed + world.rank))  # a new worker base seed each epoch
     if not train:
         return DataLoader(dataset, batch_size=batch_size, sampler=Shard(dataset, world), **settings)
-    sampler = EpochSampler(dataset, world.size, world.rank, seed, order, num_workers, batch_size)
-    return SampledLoader(dataset, batch_sampler=EpochBatches(sampler, batch_size, settings["persistent_workers"]),
-                         **settings)
+    sampler = EpochSampler(dataset, world.rank, seed, order, layout or Layout(world.size, num_workers, batch_size))
+    return SampledLoader(dataset, batch_sampler=EpochBatches(sampler, settings["persistent_workers"]), **settings)
 
 
 def training_loader(stores: Stores, images: Images, batch_size: int, seed: int, world: World, collate,
-                    order: Order = FULL_SHUFFLE, **settings) -> ResumableLoader:
-    """Ours, in `order`, or the format's own where it shards and shuffles the stream itself."""
+                    order: Order = FULL_SHUFFLE, layout: Layout | None = None, **settings) -> ResumableLoader:
+    """Ours, in `order` drawn for `layout`, or the format's own where it shards and shuffles the stream itself."""
     if stores.train_loader is None:
-        return make_loader(images, batch_size, True, seed, world, collate=collate, order=order, **settings)
+        return make_loader(images, batch_size, True, seed, world, collate=collate, order=order, layout=layout,
+                           **settings)
     return stores.train_loader(images, batch_size=batch_size, seed=seed, collate=collate,
                                worker_init_fn=training_worker_start(settings["prefetch_factor"]),
                                **{**settings, "pin_memory": settings["pin_memory"] and world.device.type == "cuda"})

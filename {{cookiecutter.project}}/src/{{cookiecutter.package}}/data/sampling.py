@@ -1,63 +1,119 @@
-"""Which images each process trains on, and in which order: one permutation per epoch, strided over the processes."""
+"""Which images each process trains on, and in which order: one order per epoch, strided over the processes, drawn
+for the layout of processes and workers that reads it."""
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
 
+import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler, Sampler
+from torch.utils.data import Dataset, Sampler
 
-from ..contracts import Layout, Order
+from ..contracts import EpochOrder, Layout, Order
 from ..core.distributed import World
 from .order import FULL_SHUFFLE
 
 
-class EpochSampler(DistributedSampler):
-    """DistributedSampler that can start its next epoch part-way, with as many processes as before or not.
+@dataclass(frozen=True)
+class EpochPlan:
+    """One process's share of one epoch: its images in training order (`drawn` is the whole epoch's order), its
+    whole batches and what it leaves out. Rank 0 also leaves out the uneven tail that no process takes."""
+    epoch: int
+    skip: int  # the images of the epoch all processes trained on before it was resumed: the first of `drawn`
+    rank: int
+    processes: int
+    batch_size: int
+    drawn: EpochOrder
 
-    An epoch is one permutation of the data set whatever the number of processes, and rank r takes every
-    world-th index of it from r, so what all processes together have trained on is always a prefix of it. A
-    resumed run leaves out that prefix and strides over the rest with its own number of processes. The few
-    images left over that do not divide among the processes sit out the epoch, as with drop_last. The
-    permutation is the order option's (data/order.py), told the layout of the processes and workers reading it.
+    @property
+    def images(self) -> int:
+        """This process's share: every processes-th image after the first `skip`."""
+        return max(0, len(self.drawn.indices) - self.skip) // self.processes
+
+    @property
+    def batches(self) -> int:
+        return self.images // self.batch_size
+
+    def positions(self, start: int, stop: int) -> np.ndarray:
+        """Where this process's images start..stop-1 of the epoch sit in `drawn`."""
+        return self.skip + self.rank + self.processes * np.arange(start, stop)
+
+    def indices(self, batch: int) -> np.ndarray:
+        return self.drawn.indices[self.positions(batch * self.batch_size, (batch + 1) * self.batch_size)]
+
+    def keys(self, batch: int) -> list[tuple]:
+        """What the data set is asked for each image of a batch: (index, epoch), and the run the order reads it
+        with where it reads runs (data.images.Images)."""
+        where = self.positions(batch * self.batch_size, (batch + 1) * self.batch_size)
+        indices = self.drawn.indices[where].tolist()
+        if self.drawn.run_starts is None:
+            return [(index, self.epoch) for index in indices]
+        return list(zip(indices, itertools.repeat(self.epoch), self.drawn.run_starts[where].tolist(),
+                        self.drawn.run_stops[where].tolist()))
+
+    def before(self) -> np.ndarray:
+        """The images all processes trained on before the epoch was resumed."""
+        return self.drawn.indices[:self.skip]
+
+    def left_out(self) -> np.ndarray:
+        """The images this process does not train on in this epoch: its partial batch and, on rank 0, the images
+        after the last whole share of every process (fewer than the processes), as DistributedSampler drops them."""
+        partial = self.drawn.indices[self.positions(self.batches * self.batch_size, self.images)]
+        tail = self.drawn.indices[self.skip + self.images * self.processes:] if self.rank == 0 else []
+        return np.concatenate([partial, tail]).astype(np.int64)
+
+
+class EpochSampler(Sampler):
+    """The epochs' orders for one process, able to start the next epoch part-way, with as many processes as before
+    or not.
+
+    An epoch is one order of the data set whatever the number of processes, and rank r takes every processes-th
+    image of it from r, so what all processes together have trained on is always the order's beginning. A resumed
+    run leaves that out and strides over the rest with its own number of processes. The images left over that do
+    not divide among the processes sit out the epoch, as with DistributedSampler's drop_last. The order is the
+    order option's (data/order.py), drawn for the layout of the processes and workers reading it, which every
+    process must hold the same: one order for all of them.
     """
 
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int, order: Order = FULL_SHUFFLE,
-                 workers: int = 0, batch_size: int = 1):
-        super().__init__(dataset, num_replicas, rank, seed=seed)
-        self.order, self.layout = order, Layout(num_replicas, max(1, workers), batch_size)
-        self.epoch_layout, self.resumed_layout = self.layout, None
-        self.skip = 0
+    def __init__(self, dataset: Dataset, rank: int, seed: int, order: Order = FULL_SHUFFLE,
+                 layout: Layout = Layout(1, 1, 1)):
+        self.dataset, self.rank, self.seed, self.order = dataset, rank, seed, order
+        self.layout = self.epoch_layout = layout
+        self.resumed_layout = None
+        self.epoch, self.skip = 0, 0
+
+    @property
+    def processes(self) -> int:
+        return self.layout.processes
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         """Shuffle for `epoch`, leaving out its first `skip` images (those all processes trained on). A resumed
-        epoch is drawn for the layout it began with (`resume_layout`): an order laid out for the readers draws
-        another permutation for others, and only the same one leaves out what was trained."""
-        super().set_epoch(epoch)
-        self.skip = skip
+        epoch is drawn for the layout it began with (`resume_layout`): an order laid out for other readers is
+        another order, and only the same one leaves out what was trained."""
+        self.epoch, self.skip = epoch, skip
         self.epoch_layout, self.resumed_layout = self.resumed_layout or self.layout, None
 
     def resume_layout(self, layout: Layout) -> None:
         """The layout the epoch about to be resumed began with."""
         self.resumed_layout = layout
 
-    def pairs(self, epoch: int, skip: int, layout: Layout) -> list[tuple[int, int]]:
-        """(index, epoch) pairs of this process in `epoch` drawn for `layout`, after its first `skip` images: the data
-        set seeds each image's augmentation from them."""
-        order = self.order.permutation(len(self.dataset), torch.Generator().manual_seed(self.seed + epoch), layout)
-        rest = order[skip:].tolist()
-        count = max(0, len(self.dataset) - skip) // self.num_replicas
-        return [(index, epoch) for index in rest[self.rank:count * self.num_replicas:self.num_replicas]]
+    def plan(self, epoch: int, skip: int, layout: Layout) -> EpochPlan:
+        drawn = self.order.draw(len(self.dataset), torch.Generator().manual_seed(self.seed + epoch), layout)
+        return EpochPlan(epoch, skip, self.rank, self.processes, self.layout.batch_size, drawn)
+
+    def plans(self) -> Iterator[EpochPlan]:
+        """This epoch's plan, then those of every later epoch, each as `set_epoch(epoch)` would draw it."""
+        yield self.plan(self.epoch, self.skip, self.epoch_layout)
+        for epoch in itertools.count(self.epoch + 1):
+            yield self.plan(epoch, 0, self.layout)
 
     def __iter__(self):
-        return iter(self.pairs(self.epoch, self.skip, self.epoch_layout))
-
-    def epochs(self) -> Iterator[list[tuple[int, int]]]:
-        """This epoch's pairs, then those of every later epoch, each as `set_epoch(epoch)` would give them."""
-        yield self.pairs(self.epoch, self.skip, self.epoch_layout)
-        for epoch in itertools.count(self.epoch + 1):
-            yield self.pairs(epoch, 0, self.layout)
+        """The keys of this process's images of the epoch set last, in order (data.images.Images takes them)."""
+        plan = self.plan(self.epoch, self.skip, self.epoch_layout)
+        for batch in range(-(-plan.images // plan.batch_size)):
+            yield from plan.keys(batch)[:plan.images - batch * plan.batch_size]
 
     def __len__(self) -> int:
-        return max(0, len(self.dataset) - self.skip) // self.num_replicas
+        return max(0, len(self.dataset) - self.skip) // self.processes
 
 
 class Shard(Sampler[int]):
@@ -74,18 +130,20 @@ class Shard(Sampler[int]):
 
 
 class EpochBatches(Sampler[list]):
-    """The epoch sampler's batches, the last partial one left out. `endless`: epoch after epoch, so that workers kept
-    between epochs start the next epoch's first batches while the training process ends this one and validates,
-    instead of every epoch opening with the training process waiting for a first batch to decode."""
+    """The epoch sampler's whole batches. `endless`: epoch after epoch, so that workers kept between epochs start
+    the next epoch's first batches while the training process ends this one and validates, instead of every epoch
+    opening with the training process waiting for a first batch to decode."""
 
-    def __init__(self, sampler: EpochSampler, batch_size: int, endless: bool):
-        self.sampler, self.batch_size, self.endless = sampler, batch_size, endless
+    def __init__(self, sampler: EpochSampler, endless: bool):
+        self.sampler, self.endless = sampler, endless
 
     def __iter__(self):
-        for pairs in self.sampler.epochs() if self.endless else [list(self.sampler)]:
-            for start in range(0, len(pairs) - self.batch_size + 1, self.batch_size):
-                yield pairs[start:start + self.batch_size]
+        sampler = self.sampler
+        plans = sampler.plans() if self.endless else [sampler.plan(sampler.epoch, sampler.skip, sampler.epoch_layout)]
+        for plan in plans:
+            for batch in range(plan.batches):
+                yield plan.keys(batch)
 
     def __len__(self) -> int:
         """Batches in the epoch set last."""
-        return len(self.sampler) // self.batch_size
+        return len(self.sampler) // self.sampler.layout.batch_size

@@ -158,7 +158,7 @@ class Chunked(Store):
     def __len__(self) -> int:
         return self.images  # all of the split: LitData's own len is this process's share
 
-    def read(self, index: int) -> tuple[bytes, int]:
+    def read(self, index: int, run=None) -> tuple[bytes, int]:
         return self.records.record(index)
 
     def payload(self, index: int) -> bytes:
