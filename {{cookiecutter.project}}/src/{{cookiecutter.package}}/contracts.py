@@ -118,7 +118,7 @@ class Stores:
 @dataclass(frozen=True)
 class Layout:
     """Who reads an epoch: the processes, the loader workers of each in rank order (1 for none), and the images
-    per batch."""
+    per batch. Every process holds the same layout, agreed at start (sampling.agreed_layout)."""
     processes: int
     workers: tuple[int, ...]  # one count for every process also reads as that count in each
     batch_size: int

@@ -50,7 +50,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.order, cfg.decoder, cfg.prefetcher, cfg.loader,
                            batch_size=cfg.train.batch_size, seed=cfg.seed, world=world, memory_format=memory_format,
-                           worker_error_at=injected.worker_error_at, read_delay_ms=injected.read_delay_ms)
+                           faults=injected)
     hardware = probe(device)
     precision = make_precision(cfg.precision, device, hardware)
     model = world.wrap(build(cfg.model, data_classes=len(loaders.classes)).to(device), cfg.distributed.sync_bn)

@@ -8,6 +8,9 @@ a failure ends the run in one line with nothing lost.
 - `faults.read_delay_ms=20` makes each training image take that much longer to load, in the loader worker:
   a slow disk or decoder, which more workers hide; the report must call the run data-bound, and `tune`
   must find the workers.
+- `faults.unagreed_workers=3` makes the process draw each epoch's order as if every process ran its 3 loader
+  workers, and run 3, instead of the layout the processes agreed on at start, as every process did before they
+  agreed: with `order=blocks`, whose order depends on the workers, the epoch's coverage check must stop the run.
 - `faults.rank=1` keeps them all to one process of a torchrun job, as a slow disk on one node would: the
   report must name that rank as the one the others wait for.
 """
@@ -28,13 +31,14 @@ class Faults:
     host_delay_ms: float = 0.0
     worker_error_at: int = -1
     read_delay_ms: float = 0.0
+    unagreed_workers: int = -1
 
 
 def on_rank(cfg: DictConfig, rank: int) -> Faults:
     """The `faults.*` asked for, where `faults.rank` names this process or every one (-1); none elsewhere."""
     if cfg.rank not in (-1, rank):
         return Faults()
-    return Faults(cfg.host_delay_ms, cfg.worker_error_at, cfg.read_delay_ms)
+    return Faults(cfg.host_delay_ms, cfg.worker_error_at, cfg.read_delay_ms, cfg.unagreed_workers)
 
 
 class InjectedFault(ClearError):

@@ -18,12 +18,12 @@ from .. import options
 from ..contracts import Layout, Order, Prefetcher, ResumableLoader, Stores
 from ..core.config import RANGES, ConfigError, build
 from ..core.distributed import World
-from ..core.faults import FaultyReads
+from ..core.faults import Faults, FaultyReads
 from .batch_memory import lend_batches
 from .device import ToDevice
 from .images import Images, Splits, make_splits
 from .order import FULL_SHUFFLE
-from .sampling import EpochBatches, EpochSampler, Shard
+from .sampling import EpochBatches, EpochSampler, Shard, agreed_layout
 from .workers import pick_num_workers, work_of
 
 
@@ -114,9 +114,9 @@ def make_loader(dataset: Images | Dataset, batch_size: int, train: bool, seed: i
                 collate=None, order: Order = FULL_SHUFFLE, layout: Layout | None = None) -> SampledLoader | DataLoader:
     """Training batches are shuffled and full, a different share per process; validation covers each image once.
 
-    The training sampler serves a single process too; its order depends only on seed, epoch and `layout` (by
-    default every process as this one), so a resumed run sees the order the uninterrupted one would have, from the
-    batch where it stopped. `order` draws that order (validation's is the stored one).
+    The training sampler serves a single process too; its order depends only on seed, epoch and `layout` (the
+    processes' agreed one; by default every process as this one), so a resumed run sees the order the uninterrupted
+    one would have, from the batch where it stopped. `order` draws that order (validation's is the stored one).
     """
     settings = dict(num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory and world.device.type == "cuda",
                     prefetch_factor=prefetch_factor if num_workers else None,
@@ -142,9 +142,9 @@ def training_loader(stores: Stores, images: Images, batch_size: int, seed: int, 
 
 def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, order: DictConfig, decoder: DictConfig,
                  prefetcher: DictConfig, loader: DictConfig, *, batch_size: int, seed: int, world: World,
-                 memory_format: torch.memory_format, worker_error_at: int = -1, read_delay_ms: float = 0.0) -> Loaders:
-    """Build each option from its node and put them together; the last two are faults.worker_error_at and
-    faults.read_delay_ms. Options that cannot work together are refused first, from what their facts say."""
+                 memory_format: torch.memory_format, faults: Faults = Faults()) -> Loaders:
+    """Build each option from its node and put them together, with the `faults` this process injects. Options
+    that cannot work together are refused first, from what their facts say."""
     check_fit(format, staging, decoder, order)
     source = build(data)
     stores = build(format, source=source, stage=build(staging, world=world))
@@ -153,8 +153,9 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     chosen = build(decoder)
     chosen.check_device(world.device)
     splits = make_splits(source, stores, chosen, seed)
-    if worker_error_at > 0 or read_delay_ms > 0:
-        splits.train.transform = FaultyReads(splits.train.transform, worker_error_at, read_delay_ms / 1000)
+    if faults.worker_error_at > 0 or faults.read_delay_ms > 0:
+        splits.train.transform = FaultyReads(splits.train.transform, faults.worker_error_at,
+                                             faults.read_delay_ms / 1000)
     settings = {key: value for key, value in loader.items() if key != RANGES}
     non_blocking = settings.pop("non_blocking")
     settings["num_workers"] = pick_num_workers(
@@ -164,9 +165,16 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
                                                                   "persistent_workers": False}),
                                      world.device, non_blocking),
         decodes_beside=chosen.ahead > 0, device=world.device)
+    layout = agreed_layout(world, settings["num_workers"], batch_size, {
+        "the number of training images": len(splits.train), "the number of validation images": len(splits.val),
+        "the seed": seed, "the batch size": batch_size,
+        "the order's settings": f"order={options.name_of('order', order)} {vars(visiting)}"})
+    if faults.unagreed_workers >= 0:  # this process draws its order as if every process had its own worker count
+        settings["num_workers"] = faults.unagreed_workers
+        layout = Layout(world.size, faults.unagreed_workers, batch_size)
     to_device = ToDevice(chosen, world.device, non_blocking, memory_format)
     train = training_loader(stores, splits.train, batch_size, seed, world, splits.train.times.timed(chosen.collate),
-                            visiting, **settings)
+                            visiting, layout, **settings)
     val = make_loader(splits.val, batch_size, False, seed, world, collate=splits.val.times.timed(chosen.collate),
                       **settings)
     train, val = (build(prefetcher, to_device=to_device, loader=loader) for loader in (train, val))

@@ -1,6 +1,7 @@
 """Which images each process trains on, and in which order: one order per epoch, strided over the processes, drawn
-for the layout of processes and workers that reads it."""
+for the layout of processes and workers that every process agreed on at start."""
 import itertools
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -9,6 +10,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from ..contracts import EpochOrder, Layout, Order
+from ..core.config import ConfigError
 from ..core.distributed import World
 from .order import FULL_SHUFFLE
 
@@ -71,7 +73,7 @@ class EpochSampler(Sampler):
     run leaves that out and strides over the rest with its own number of processes. The images left over that do
     not divide among the processes sit out the epoch, as with DistributedSampler's drop_last. The order is the
     order option's (data/order.py), drawn for the layout of the processes and workers reading it, which every
-    process must hold the same: one order for all of them.
+    process holds the same (`agreed_layout`): one order for all of them.
     """
 
     def __init__(self, dataset: Dataset, rank: int, seed: int, order: Order = FULL_SHUFFLE,
@@ -147,3 +149,25 @@ class EpochBatches(Sampler[list]):
     def __len__(self) -> int:
         """Batches in the epoch set last."""
         return len(self.sampler) // self.sampler.layout.batch_size
+
+
+def agreed_layout(world: World, workers: int, batch_size: int, same_everywhere: dict[str, float | str]) -> Layout:
+    """The layout every process draws each epoch's order for: the worker count each process picked for itself, in
+    one collective at start, which also checks what must be the same in every process for one order to serve them
+    all (the data set's size, the seed, the order's settings; words are compared by a checksum). A difference is
+    refused in one line."""
+    values = [value if isinstance(value, (int, float)) else zlib.crc32(value.encode()) for value in
+              same_everywhere.values()]
+    rows = world.gather([workers, *values])
+    for column, (what, mine) in enumerate(same_everywhere.items(), start=1):
+        given = [row[column] for row in rows]
+        if len(set(given)) > 1:
+            hosts = world.hosts()
+            odd = next(rank for rank, value in enumerate(given) if value != given[0])
+            ranks = f"rank 0 (host {hosts[0]})", f"rank {odd} (host {hosts[odd]})"
+            differ = (f"{ranks[0]} has {given[0]:g} and {ranks[1]} {given[odd]:g}" if isinstance(mine, (int, float))
+                      else f"{ranks[0]} and {ranks[1]} differ, rank {world.rank} has {mine}")
+            raise ConfigError(f"the processes disagree on {what}: {differ}; every process must read the same data set "
+                              "with the same settings, so that one order covers it: is one node's copy of the data "
+                              "incomplete, or its config another?")
+    return Layout(world.size, tuple(int(row[0]) for row in rows), batch_size)
