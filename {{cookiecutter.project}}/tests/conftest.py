@@ -178,6 +178,18 @@ def packs(cache_dir, tiny_root) -> dict[str, Path]:
     return packed
 
 
+def packed_tree(root: Path, num_classes: int, train_per_class: int) -> tuple[Path, Path]:
+    """A synthetic class-folder tree under `root` (two validation images a class) and its HDF5 pack, whose records
+    order=blocks reads in runs: (pack, tree)."""
+    from {{ cookiecutter.package }}.data.synth import write_dataset
+    from {{ cookiecutter.package }}.tools.pack import pack
+
+    tree = write_dataset(root / "tree", num_classes=num_classes, train_per_class=train_per_class, val_per_class=2,
+                         workers=2)
+    pack(tree, "hdf5", root / "packed", None, 90, 2, False, "raise")
+    return root / "packed", tree
+
+
 def tiny(overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path) -> list[str]:
     """The user's overrides on top of those that shrink the run and point the chosen data option at tiny data."""
     data = [f"data.root={tiny_root}"] if "data=imagenet" in overrides else [f"data.cache_dir={cache_dir}", *TINY_SYNTHETIC]
@@ -302,6 +314,32 @@ def wait_for(condition, *processes: subprocess.Popen, timeout: float = 300) -> N
             reason = f"ended with {ended} before the condition held" if ended else f"timed out after {timeout} s"
             raise AssertionError(f"{reason}\n{stderr[-4000:]}")
         time.sleep(0.2)
+
+
+def logged_windows(run_dir: Path) -> list[dict]:
+    """The logging windows logger=jsonl has written so far (not its first line, the setup time)."""
+    path = run_dir / "scalars.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [line for line in lines if "time/data_ms" in line]
+
+
+def stop_one_rank(job: subprocess.Popen, run_dir: Path, rank: str, timeout: float = 600):
+    """Once a torchrun `job` (logger=jsonl) has logged its first window, SIGTERM its process of `rank` alone: every
+    process stops at the next window's end, and rank 0 saves the step. The log's line that says where it stopped,
+    with the step and the images of the epoch as its groups."""
+    import psutil
+    import re
+    import signal
+
+    wait_for(lambda: logged_windows(run_dir), job, timeout=timeout)
+    processes = {process.environ()["RANK"]: process for process in psutil.Process(job.pid).children()}
+    processes[rank].send_signal(signal.SIGTERM)
+    stderr = finish(job, timeout=300)
+    assert job.returncode == 0, stderr[-4000:]
+    log = (run_dir / "train.log").read_text()
+    stopped = re.search(r"stopped by a signal to another rank at step (\d+) \(epoch 0, (\d+) images into it\)", log)
+    assert stopped, log[-3000:]
+    return stopped
 
 
 def stopped_after_first_checkpoint(run_dir: Path, overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path) -> str:

@@ -10,7 +10,7 @@ from {{ cookiecutter.package }}.data.images import Images
 from {{ cookiecutter.package }}.data.order import BlockOrder, BlockReads, RandomOrder
 from {{ cookiecutter.package }}.tools.pack import write_order
 
-BLOCKS = BlockOrder(block=4, window=2)
+from epochs import BLOCKS
 
 def test_the_same_seed_draws_the_same_order_and_another_seed_another():
     for order in (RandomOrder(), BLOCKS):

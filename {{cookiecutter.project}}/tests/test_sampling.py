@@ -10,35 +10,11 @@ from {{ cookiecutter.package }}.contracts import Layout
 from {{ cookiecutter.package }}.core.config import ConfigError
 from {{ cookiecutter.package }}.data.sampling import EpochBatches, EpochSampler, agreed_layout
 
-from {{ cookiecutter.package }}.data.order import BlockOrder
-
-BLOCKS = BlockOrder(block=4, window=2)
-
-
-class Job:
-    """The processes of one job, without a process group: `gather` returns every process's row, as the window's
-    all-reduce does, from what each process would give."""
-
-    def __init__(self, rows_of: list, rank: int = 0):
-        self.rows_of, self.rank = rows_of, rank
-        self.size = len(rows_of)
-
-    def gather(self, values: list[float]) -> list[list[float]]:
-        return [[float(value) for value in row] for row in self.rows_of]
-
-    def hosts(self) -> list[str]:
-        return [f"node{rank // 8}" for rank in range(self.size)]
-
-
-def agreed(size: int, workers: list[int], batch: int, order=BLOCKS, seed: int = 0) -> Layout:
-    """The layout the processes of a job with these worker counts agree on, as make_loaders asks for it."""
-    rows = [[count, size, seed, batch] for count in workers]
-    return agreed_layout(Job(rows), workers[0], batch, {"images": size, "seed": seed, "batch": batch})
-
+from epochs import BLOCKS, Job, agreed
 
 def test_the_processes_agree_on_their_worker_counts_and_refuse_another_data_set_in_one_line():
     assert agreed(100, [2, 0, 5], 4) == Layout(3, (2, 1, 5), 4)
-    rows = [[2, 1000, 0], [2, 1000, 0], [2, 998, 0]]  # node 1's copy of the data set lacks two images
+    rows = [[2, 1000, 0], [2, 1000, 0], [2, 998, 0]]  # rank 2's copy of the data set lacks two images
     with pytest.raises(ConfigError, match=r"^the processes disagree on the number of training images: rank 0 \(host "
                                           r"node0\) has 1000 and rank 2 \(host node0\) 998; every process must read"):
         agreed_layout(Job(rows), 2, 4, {"the number of training images": 1000, "the seed": 0})

@@ -65,6 +65,7 @@ def test_a_run_in_blocks_trains_every_step_and_keeps_the_layout_its_epoch_was_dr
     assert summary["steps"] == 6 and summary["skipped_files"] == 0
     saved = torch.load(train_in_process.run_dir / "last.pt", weights_only=False)
     assert saved["loader"] == {"layout": {"processes": 1, "workers": (2,), "batch_size": 4}}
+    assert [(entry["trained"], entry["left_out"]) for entry in summary["coverage"]] == [(24, 0)]
 
 
 def test_workers_started_again_at_every_epoch_show_in_its_start_and_get_named(train_in_process):

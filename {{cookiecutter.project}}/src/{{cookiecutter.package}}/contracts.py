@@ -25,11 +25,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 from torch.utils.data import default_collate
+
+if TYPE_CHECKING:
+    from .data.coverage import EpochTrace
 
 Box = tuple[float, float, float, float]  # left, top, right, bottom, in pixels of the full-size image
 Run = tuple[int, int]  # consecutive records start..stop-1, which one loader worker reads in one request
@@ -201,6 +204,10 @@ class ResumableLoader(Protocol):
     def load_state(self, state: dict) -> None:
         """Take a `state` back, before the `set_epoch` of the epoch it was saved in."""
 
+    def coverage(self) -> "EpochTrace | None":
+        """What this process has taken of the epoch so far (data/coverage.py), or None for a loader that cannot
+        tell which images its batches hold."""
+
 
 class ToDevice(Protocol):
     """A collated batch -> (normalised images, labels) on `device`."""
@@ -230,6 +237,9 @@ class Prefetcher(ABC):
 
     def load_state(self, state: dict) -> None:
         self.loader.load_state(state)
+
+    def coverage(self) -> "EpochTrace | None":
+        return self.loader.coverage()
 
     @abstractmethod
     def __iter__(self) -> Iterator[Batch]:

@@ -26,6 +26,7 @@ from .core.distributed import World
 from .core.files import write_atomic
 from .core.forensics import Forensics
 from .core.hardware import probe
+from .data.coverage import Coverage
 from .data.loaders import make_loaders
 from .diagnosis.ranks import spread
 from .diagnosis.report import format_report, summarize
@@ -78,7 +79,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
               hardware=hardware,
               log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
-              identity=identity)
+              identity=identity, coverage=Coverage(len(loaders.splits.train)))
     if state:
         run.restore(state)
         run.checkpoints.saved_step = run.step
@@ -151,6 +152,7 @@ def run_epochs(run: Run, epochs: int) -> tuple[float, float]:
     with run.profiler:
         while run.epoch < epochs and not run.out_of_steps:
             if train_one_epoch(run, run.epoch):
+                run.check_coverage()
                 run.epoch, run.images_in_epoch = run.epoch + 1, 0
             scores = validate(run)
             run.checkpoints.save(run.state())

@@ -20,6 +20,7 @@ from ..core.config import RANGES, ConfigError, build
 from ..core.distributed import World
 from ..core.faults import Faults, FaultyReads
 from .batch_memory import lend_batches
+from .coverage import EpochTrace
 from .device import ToDevice
 from .images import Images, Splits, make_splits
 from .order import FULL_SHUFFLE
@@ -74,11 +75,14 @@ class SampledLoader(DataLoader):
     With workers kept between epochs, one iterator of the DataLoader runs over the batches of epoch after epoch
     (EpochBatches), and each epoch takes its own from it: the workers are already decoding the next epoch when this
     one ends. An epoch that is not the one that iterator goes on with (a resumed epoch, an epoch left part-way)
-    starts a new iterator, which drops what the workers had begun."""
+    starts a new iterator, which drops what the workers had begun.
+
+    Each batch it yields is traced (coverage.py): which images it holds, as the batch sampler dispatched them."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.stream, self.stream_goes_on_with = None, None  # the iterator, and the (epoch, skip, layout) it is at
+        self.trace = None
 
     @property
     def epoch_sampler(self) -> EpochSampler:
@@ -88,18 +92,36 @@ class SampledLoader(DataLoader):
         """Shuffle for `epoch`, leaving out the first `skip_images` images all processes trained on; the
         loader's len is then the batches left."""
         self.epoch_sampler.set_epoch(epoch, skip_images)
+        self.trace = None
+
+    def new_stream(self):
+        self.batch_sampler.dispatched.clear()  # what an iterator left behind had dispatched, never to be yielded
+        return super().__iter__()
+
+    def traced(self, batch):
+        """`batch`, once its images are in this epoch's trace."""
+        plan, number = self.batch_sampler.dispatched.popleft()
+        if self.trace is None:
+            self.trace = EpochTrace(plan, self.num_workers)
+        assert plan is self.trace.plan and number == len(self.trace.taken), "batches out of the order dispatched"
+        self.trace.took(plan.indices(number))
+        return batch
 
     def __iter__(self):
         if not self.batch_sampler.endless:  # one epoch, and its workers end with it
-            yield from super().__iter__()
+            for batch in self.new_stream():
+                yield self.traced(batch)
             return
         sampler = self.epoch_sampler
         if self.stream is None or self.stream_goes_on_with != (sampler.epoch, sampler.skip, sampler.epoch_layout):
-            self.stream = super().__iter__()
+            self.stream = self.new_stream()
         self.stream_goes_on_with = None  # until this epoch has been taken whole
         for _ in range(len(self)):
-            yield next(self.stream)
+            yield self.traced(next(self.stream))
         self.stream_goes_on_with = (sampler.epoch + 1, 0, sampler.layout)
+
+    def coverage(self) -> EpochTrace | None:
+        return self.trace
 
     def state(self, epoch: int, images_done: int) -> dict:
         return {"layout": asdict(self.epoch_sampler.epoch_layout)}

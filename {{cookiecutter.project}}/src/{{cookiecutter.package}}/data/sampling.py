@@ -2,6 +2,7 @@
 for the layout of processes and workers that every process agreed on at start."""
 import itertools
 import zlib
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -134,16 +135,21 @@ class Shard(Sampler[int]):
 class EpochBatches(Sampler[list]):
     """The epoch sampler's whole batches. `endless`: epoch after epoch, so that workers kept between epochs start
     the next epoch's first batches while the training process ends this one and validates, instead of every epoch
-    opening with the training process waiting for a first batch to decode."""
+    opening with the training process waiting for a first batch to decode.
+
+    Every batch handed to the DataLoader is noted in `dispatched` as (plan, batch number): the DataLoader hands
+    batches over in the order it took them, so the loader knows which images each batch it yields holds."""
 
     def __init__(self, sampler: EpochSampler, endless: bool):
         self.sampler, self.endless = sampler, endless
+        self.dispatched: deque[tuple[EpochPlan, int]] = deque()
 
     def __iter__(self):
         sampler = self.sampler
         plans = sampler.plans() if self.endless else [sampler.plan(sampler.epoch, sampler.skip, sampler.epoch_layout)]
         for plan in plans:
             for batch in range(plan.batches):
+                self.dispatched.append((plan, batch))
                 yield plan.keys(batch)
 
     def __len__(self) -> int:

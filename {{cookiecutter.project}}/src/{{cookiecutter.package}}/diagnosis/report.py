@@ -113,5 +113,6 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, hydra_cfg: Di
             "ranks": [times.record() for times in ranks],
             "epoch_start_ms": [1000 * window.epoch_start_s / window.epoch_starts for window, _ in run.windows
                                if window.epoch_starts],
+            "coverage": run.coverage.epochs,
             "choices": choices, "overrides": list(hydra_cfg.overrides.task), "system": system,
             "env": environment(run.device)}

@@ -10,6 +10,7 @@ from ..core.distributed import World
 from ..core.files import WriteError
 from ..core.forensics import Forensics
 from ..core.hardware import Hardware
+from ..data.coverage import NO_RECORD, Coverage, EpochRecord
 from ..data.loaders import Loaders
 from ..diagnosis.sysmon import SystemMonitor
 from .checkpoint import Checkpoints
@@ -41,11 +42,13 @@ class Run:
     log_every: int
     max_steps: int | None
     limit_val_batches: int | None
+    coverage: Coverage  # each epoch's check that it trained every image once
     epoch: int = 0
     step: int = 0
     images_in_epoch: int = 0  # images of the current epoch all processes together trained on
     windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
     identity: dict = field(default_factory=dict)  # what a checkpoint of this run holds: model and classes
+    records: list[EpochRecord | None] = field(default_factory=list)  # every process's, at the last window
     updating: bool = False  # inside update(): the weights may be ahead of the step count
 
     @property
@@ -68,9 +71,28 @@ class Run:
 
     def share_window(self, window: Window) -> tuple[list[Window], bool]:
         """Every rank's split of a logging window, and whether any rank was asked to stop: the window's one
-        collective, a small all-reduce after the window's device sync."""
-        rows = self.world.gather([float(self.stop.asked), *astuple(window)])
-        return [Window(*row[1:]) for row in rows], any(row[0] for row in rows)
+        collective, a small all-reduce after the window's device sync. It also carries each rank's record of the
+        epoch so far (`records`), which the epoch's last window checks."""
+        trace = self.loaders.train.coverage()
+        record = trace.record(self.images_in_epoch).row() if trace else NO_RECORD
+        rows = self.world.gather([float(self.stop.asked), *record, *astuple(window)])
+        self.records = [EpochRecord.from_row(row[1:1 + EpochRecord.WIDTH]) for row in rows]
+        self.coverage.window(self.records, self.images_in_epoch)
+        return [Window(*row[1 + EpochRecord.WIDTH:]) for row in rows], any(row[0] for row in rows)
+
+    def check_coverage(self) -> None:
+        """At an epoch's end, after its last window: every image once, the left-out ones aside, or stop the run."""
+        trace = self.loaders.train.coverage()
+
+        def counts():  # only where the records do not add up: which images were missed and doubled
+            mine = torch.from_numpy(trace.counts(self.coverage.size)).to(self.device)
+            return self.world.sum(mine).cpu().numpy()
+
+        entry = self.coverage.check(self.records, trace, counts)
+        if entry["checked"]:
+            log.info("epoch %d trained each of its %d images once across %d process%s (%d left out)", self.epoch,
+                     entry["images"] - entry["left_out"], entry["processes"], "es" if entry["processes"] > 1 else "",
+                     entry["left_out"])
 
     def state(self) -> dict:
         return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -79,6 +101,7 @@ class Run:
                 "images_in_epoch": self.images_in_epoch,
                 "loader": self.loaders.train.state(self.epoch, self.images_in_epoch),
                 "unreadable": self.loaders.splits.unreadable_state(),
+                "coverage": self.coverage.state_dict(self.images_in_epoch, self.loaders.train.coverage()),
                 "windows": [(asdict(window), system) for window, system in self.windows]}
 
     def restore(self, state: dict) -> None:
@@ -89,6 +112,7 @@ class Run:
         self.epoch, self.step, self.images_in_epoch = state["epoch"], state["step"], state["images_in_epoch"]
         self.loaders.train.load_state(state.get("loader", {}))
         self.loaders.splits.load_unreadable_state(state.get("unreadable", {}))
+        self.coverage.load_state_dict(state.get("coverage", {}))
         self.windows = [(Window(**window), system) for window, system in state.get("windows", [])]
 
 

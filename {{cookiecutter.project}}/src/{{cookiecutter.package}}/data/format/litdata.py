@@ -214,6 +214,10 @@ def stream_loader_class():
         def load_state(self, state: dict) -> None:
             self.resume_from = state or None
 
+        def coverage(self) -> None:
+            """LitData hands its workers their indices itself: this loader cannot tell which a batch holds."""
+            return None
+
     return Streamed
 
 
