@@ -57,6 +57,20 @@ def test_resume_choices(tmp_path):
         checkpoint.find(str(tmp_path / "missing.pt"), tmp_path)
 
 
+def test_a_torchrun_job_carries_on_from_the_checkpoint_in_the_folder_its_rendezvous_id_names(tmp_path, monkeypatch):
+    """A node that replaces a failed one joins with its restart count at 0: the folder's checkpoint is still the job's."""
+    job = tmp_path / "torchrun-exp1"
+    job.mkdir()
+    checkpoint.save({}, job / "last.pt")
+    assert checkpoint.find(None, job) is None  # a plain run starts afresh
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "exp1")
+    assert checkpoint.find(None, job) == job / "last.pt"
+    checkpoint.save({}, tmp_path / "last.pt")
+    assert checkpoint.find(None, tmp_path) is None  # --standalone: a folder of the user's own, not the job's
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert checkpoint.find(None, tmp_path) == tmp_path / "last.pt"
+
+
 def test_damaged_checkpoint_is_refused(tmp_path):
     path = tmp_path / "last.pt"
     checkpoint.save({"weight": torch.zeros(1000)}, path)

@@ -33,9 +33,13 @@ class Checkpoints:
 
 
 def find(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: None, 'auto' (last.pt in the run folder, if any) or a path."""
-    if resume is None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
-        resume = "auto"  # torchrun restarted the workers: carry on from this run folder's checkpoint
+    """The checkpoint to resume from: None, 'auto' (last.pt in the run folder, if any) or a path. A torchrun job
+    resumes by itself."""
+    if resume is None and (int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
+                           or run_dir.name == f"torchrun-{os.environ.get('TORCHELASTIC_RUN_ID')}"):
+        # torchrun restarted the workers, or this node joined its job again (a node that replaces a failed one
+        # counts restarts from 0): carry on from the checkpoint in the folder the job's rendezvous id names.
+        resume = "auto"
     if resume is None:
         return None
     if resume == "auto":
