@@ -399,3 +399,16 @@ dist.destroy_process_group()
                             timeout=180, env={**environment, "PORT": str(port)})
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"dump {tmp_path / 'nccl_trace_rank_'} " in result.stdout and "nccl:all_reduce" in result.stdout
+
+
+@pytest.mark.full
+def test_a_process_whose_nvml_fails_midway_still_gathers_the_report_with_the_others(tmp_path, train_cli):
+    """faults.nvml_fails_after=1 on rank 1: NVML answers for one window there, then fails (on the CPU a stand-in reads
+    0% until then), while rank 0 never had the figure. Their report's gather must match, not wait out a timeout."""
+    run_dir = tmp_path / "run"
+    train_cli(run_dir, "data.train_per_class=16", "faults.rank=1", "faults.nvml_fails_after=1",
+              "distributed.timeout_min=1", launcher=TORCHRUN, env=TWO_PROCESSES)
+    assert ("sys/gpu_util is not recorded: NVML cannot give this GPU's utilisation (RuntimeError: Failed to initialize "
+            "NVML: Unknown Error (faults.nvml_fails_after))") in (run_dir / "train-rank1.log").read_text()
+    result = summary(run_dir)
+    assert "sys/gpu_util" not in result["system"] and result["processes"] == 2 and result["coverage"][0]["checked"]

@@ -1,7 +1,10 @@
 """The report's figures all come from the process the others waited for, and its text shows what was held back."""
+import math
+
 import torch
 
 from {{ cookiecutter.package }}.diagnosis.report import format_report, run_totals
+from {{ cookiecutter.package }}.diagnosis.sysmon import SystemMonitor
 from {{ cookiecutter.package }}.loop.clock import Window
 
 CPU = torch.device("cpu")
@@ -27,8 +30,9 @@ def test_every_timing_figure_comes_from_the_process_the_others_waited_for():
     total, system, rank, splits = run_totals(windows, World(0, 0, 1, CPU))
     assert (total.steps, total.images, total.wall_s, total.data_s, total.host_s, rank) == (20, 160, 4.0, 0.8, 0.2, 0)
     assert system == {"sys/cpu_util": 60.0} and splits == [total]
-    rows = [[20, 160, 4.0, 0.8, 0.2, 0, 0, 60.0], [20, 160, 4.1, 1.5, 0.4, 0, 0, 90.0],
-            [20, 160, 4.0, 1.6, 0.1, 0, 0, 10.0]]
+    others = [math.nan] * (len(SystemMonitor.FIGURES) - 1)  # after sys/cpu_util, the first
+    rows = [[20, 160, 4.0, 0.8, 0.2, 0, 0, 60.0, *others], [20, 160, 4.1, 1.5, 0.4, 0, 0, 90.0, *others],
+            [20, 160, 4.0, 1.6, 0.1, 0, 0, 10.0, *others]]
     total, system, rank, splits = run_totals(windows, Ranks(rows))
     assert rank == 1 and (total.wall_s, total.data_s, total.host_s) == (4.1, 1.5, 0.4) and system == {
         "sys/cpu_util": 90.0}
@@ -43,6 +47,33 @@ def test_a_figure_the_system_monitor_stopped_giving_midway_is_left_out_not_a_cra
                (Window(10, 80, 2.0, 0.3, 0.1), {"sys/cpu_util": 70.0})]  # NVML failed: gpu_util is gone from here on
     _, system, _, _ = run_totals(windows, World(0, 0, 1, CPU))
     assert system == {"sys/cpu_util": 60.0}
+
+
+class AllReduce:
+    """Stands in for a World of several processes: each process's `gather` adds its row into a table of all of them,
+    as the all-reduce does, and fails as NCCL or gloo would on rows of different lengths (they hang or error)."""
+
+    def __init__(self, processes: int):
+        self.size, self.sent = processes, []
+
+    def at(self, rank: int) -> "AllReduce":
+        self.rank = rank
+        return self
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        self.sent.append(values)
+        assert len({len(row) for row in self.sent}) == 1, "the processes' rows differ in length"
+        return [row if index == self.rank else [0.0] * len(row) for index, row in enumerate(self.sent)]
+
+
+def test_a_process_whose_nvml_failed_midway_gathers_rows_the_others_can_add_to():
+    """faults.nvml_fails_after on one process: its sys/gpu_util stops after the first window, the other's does not."""
+    healthy = [(Window(5, 40, 2.0, 0.5, 0.0), {"sys/cpu_util": 40.0, "sys/gpu_util": 90.0})] * 3
+    lost = healthy[:1] + [(Window(5, 40, 2.0, 0.9, 0.0), {"sys/cpu_util": 40.0})] * 2
+    job = AllReduce(2)
+    run_totals(healthy, job.at(0))
+    _, system, rank, _ = run_totals(lost, job.at(1))
+    assert rank == 1 and system == {"sys/cpu_util": 40.0}  # the figure it lost is left out, not guessed
 
 
 def test_the_report_lists_the_suggestions_then_what_this_machine_should_not_flip():

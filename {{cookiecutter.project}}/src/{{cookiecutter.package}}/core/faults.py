@@ -11,6 +11,9 @@ a failure ends the run in one line with nothing lost.
 - `faults.unagreed_workers=3` makes the process draw each epoch's order as if every process ran its 3 loader
   workers, and run 3, instead of the layout the processes agreed on at start, as every process did before they
   agreed: with `order=blocks`, whose order depends on the workers, the epoch's coverage check must stop the run.
+- `faults.nvml_fails_after=2` makes NVML answer for two logging windows, then fail, as "Failed to initialize
+  NVML: Unknown Error" does on one node of a container job: the run must go on without sys/gpu_util there, and
+  the report's gather across processes must still match (on a machine without a GPU, a stand-in reads 0%).
 - `faults.rank=1` keeps them all to one process of a torchrun job, as a slow disk on one node would: the
   report must name that rank as the one the others wait for.
 """
@@ -32,13 +35,15 @@ class Faults:
     worker_error_at: int = -1
     read_delay_ms: float = 0.0
     unagreed_workers: int = -1
+    nvml_fails_after: int = -1
 
 
 def on_rank(cfg: DictConfig, rank: int) -> Faults:
     """The `faults.*` asked for, where `faults.rank` names this process or every one (-1); none elsewhere."""
     if cfg.rank not in (-1, rank):
         return Faults()
-    return Faults(cfg.host_delay_ms, cfg.worker_error_at, cfg.read_delay_ms, cfg.unagreed_workers)
+    return Faults(cfg.host_delay_ms, cfg.worker_error_at, cfg.read_delay_ms, cfg.unagreed_workers,
+                  cfg.nvml_fails_after)
 
 
 class InjectedFault(ClearError):
@@ -64,6 +69,19 @@ class FaultyReads:
         if self.read_delay_s:  # even time.sleep(0) costs a tenth of a millisecond
             time.sleep(self.read_delay_s)
         return item
+
+
+class FailingNvml:
+    """A GPU utilisation reader that answers `answers` times, then raises as NVML does on a node that lost it."""
+
+    def __init__(self, read: Callable[[], float], answers: int):
+        self.read, self.answers = read, answers
+
+    def __call__(self) -> float:
+        if self.answers <= 0:
+            raise RuntimeError("Failed to initialize NVML: Unknown Error (faults.nvml_fails_after)")
+        self.answers -= 1
+        return self.read()
 
 
 def slow_host(model: torch.nn.Module, host_delay_ms: float) -> None:

@@ -38,6 +38,7 @@ class ReadTimes:
     """Where the loader's workers spend each image: reading its bytes from the store, or decoding, cropping and
     resizing them (in the transform, and in the collate where `timed` wraps it). Summed in shared memory by every
     worker; `sample()` gives per-image figures since its previous call."""
+    FIGURES = ("loader/read_ms", "loader/decode_ms", "loader/read_share")
 
     def __init__(self):
         self.totals = multiprocessing.Array("d", 3)  # seconds reading, seconds transforming, images

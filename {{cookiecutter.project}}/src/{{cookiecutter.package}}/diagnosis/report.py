@@ -1,6 +1,7 @@
 """The end-of-run report: the run's figures from the process the others waited for, rendered as text with the
 verdict and the suggestions of diagnosis.py."""
 import dataclasses
+import math
 import os
 import platform
 from importlib.metadata import PackageNotFoundError, version
@@ -14,6 +15,7 @@ from ..core.hardware import cpu_description
 from ..loop.clock import Window
 from ..loop.run import Run
 from .ranks import RankTimes
+from .sysmon import SystemMonitor
 from .verdict import Settings, diagnose
 
 
@@ -39,17 +41,22 @@ def run_totals(windows: list[tuple[Window, dict[str, float]]],
 
     That process is the one whose device sat idle longest (data stall plus host overhead): under DDP the
     others wait for it at every gradient all-reduce. The first window (worker start-up, allocator warm-up)
-    is left out when there are more.
+    is left out when there are more. A system figure missing from any window (NVML that stopped answering) is
+    left out; every process gathers every figure the monitor knows, NaN where it has none, so that the rows
+    match across processes whatever each one lost.
     """
     measured = windows[1:] or windows
     total = sum((window for window, _ in measured), Window())
-    tags = sorted(set.intersection(*(set(values) for _, values in measured))) if measured else []  # NVML may stop
-    system = [float(np.mean([values[tag] for _, values in measured])) for tag in tags]
+    system = [float(np.mean([values[tag] for _, values in measured]))
+              if measured and all(tag in values for _, values in measured) else math.nan
+              for tag in SystemMonitor.FIGURES]
     fields = [field.name for field in dataclasses.fields(Window)]
-    rows = [dict(zip([*fields, *tags], row)) for row in world.gather([*dataclasses.astuple(total), *system])]
-    rank = max(range(len(rows)), key=lambda index: rows[index]["data_s"] + rows[index]["host_s"])
-    splits = [Window(**{name: type(getattr(total, name))(row[name]) for name in fields}) for row in rows]
-    return splits[rank], {tag: rows[rank][tag] for tag in tags}, rank, splits
+    rows = world.gather([*dataclasses.astuple(total), *system])
+    splits = [Window(**{name: type(getattr(total, name))(value) for name, value in zip(fields, row)}) for row in rows]
+    rank = max(range(len(splits)), key=lambda index: splits[index].data_s + splits[index].host_s)
+    figures = {tag: value for tag, value in zip(SystemMonitor.FIGURES, rows[rank][len(fields):])
+               if not math.isnan(value)}
+    return splits[rank], figures, rank, splits
 
 
 def spread(ranks: list[dict], share: str) -> str:

@@ -7,6 +7,7 @@ import time
 import psutil
 import torch
 
+from ..core.faults import FailingNvml
 from ..data.images import ReadTimes
 
 log = logging.getLogger(__name__)
@@ -32,14 +33,21 @@ def _children_cpu_s() -> float:
 
 class SystemMonitor:
     """Each `sample()` returns averages since the previous call (or since construction), with `sys/` tags, and
-    `loader_times`'s figures (where the loader's workers spend each image)."""
+    `loader_times`'s figures (where the loader's workers spend each image): those of `FIGURES` it could read.
 
-    def __init__(self, device: torch.device, loader_times: ReadTimes):
+    `nvml_fails_after` (faults.nvml_fails_after): NVML answers that many windows, then fails, as on a node of a
+    container job whose driver went away; on a machine without a GPU a stand-in reads 0% until then."""
+    FIGURES = ("sys/cpu_util", "sys/iowait", "sys/disk_read_mb_s", "sys/loader_cpu", "sys/gpu_util",
+               *ReadTimes.FIGURES)  # every figure a sample can hold, in the order the report gathers them
+
+    def __init__(self, device: torch.device, loader_times: ReadTimes, nvml_fails_after: int = -1):
         self.device, self.loader_times = device, loader_times
         psutil.cpu_percent(None)  # psutil measures from the previous call; this is the first
         psutil.cpu_times_percent(None)
         self.cores = os.cpu_count() or 1
-        self.gpu_util_works = True
+        self.read_gpu_util = (lambda: float(torch.cuda.utilization(device))) if device.type == "cuda" else None
+        if nvml_fails_after >= 0:
+            self.read_gpu_util = FailingNvml(self.read_gpu_util or (lambda: 0.0), nvml_fails_after)
         self.last_time, self.last_read, self.last_children = time.perf_counter(), _disk_read_bytes(), _children_cpu_s()
 
     def _gpu_util(self) -> dict[str, float]:
@@ -47,9 +55,9 @@ class SystemMonitor:
         the GPU, read at the window's end; not an average over the window. Where NVML cannot say (a MIG slice, some
         containers, no pynvml), the figure is left out from then on, after one line that says why."""
         try:
-            return {"sys/gpu_util": float(torch.cuda.utilization(self.device))}
+            return {"sys/gpu_util": self.read_gpu_util()}
         except Exception as err:  # noqa: BLE001 - pynvml's NVMLError and torch's RuntimeError alike: a figure missing
-            self.gpu_util_works = False
+            self.read_gpu_util = None
             log.warning("sys/gpu_util is not recorded: NVML cannot give this GPU's utilisation (%s: %s); the run goes "
                         "on without it", type(err).__name__, err)
             return {}
@@ -63,7 +71,7 @@ class SystemMonitor:
             "sys/disk_read_mb_s": (read - self.last_read) / 1e6 / elapsed,
             "sys/loader_cpu": 100 * (children - self.last_children) / (elapsed * self.cores),  # % of all cores
         }
-        if self.device.type == "cuda" and self.gpu_util_works:
+        if self.read_gpu_util is not None:
             values |= self._gpu_util()
         self.last_time, self.last_read, self.last_children = now, read, children
         return {**values, **self.loader_times.sample()}
