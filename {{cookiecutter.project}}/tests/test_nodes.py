@@ -1,0 +1,222 @@
+"""Jobs as users run them: two nodes joined by a network (two network namespaces on this machine, each with a host
+name of its own), and eight processes on one node. The full tier only; the namespaces need root."""
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import (CPU_ONLY, PACKAGE, PROJECT, finish, logged_windows, packed_tree, stop_one_rank, summary, tiny,
+                      wait_for)
+
+pytestmark = pytest.mark.full
+
+
+def readme_line(nodes: int, processes: int) -> list[str]:
+    """The README's command for several nodes, with this interpreter's torchrun and `processes` per node: every
+    argument up to `-m <package>.train`, the environment it sets first included."""
+    text = (PROJECT / "README.md").read_text()
+    start = text.index("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=")
+    line = text[start:text.index(f"-m {PACKAGE}.train", start)].replace("\\\n", " ")
+    words = shlex.split(line)
+    words = [f"--nnodes={nodes}" if word.startswith("--nnodes=") else
+             f"--nproc-per-node={processes}" if word.startswith("--nproc-per-node=") else word for word in words]
+    torchrun = words.index("torchrun")
+    return ["env", *words[:torchrun], sys.executable, "-m", "torch.distributed.run", *words[torchrun + 1:],
+            "-m", f"{PACKAGE}.train"]
+
+
+class Nodes:
+    """Two network namespaces joined by a veth pair: node0 (10.23x.y.1) and node1 (.2). A command run on a node runs
+    in its namespace and in a UTS namespace of its own, whose host name is the node's, and resolves both names
+    through /etc/netns/<namespace>/hosts, which `ip netns exec` mounts over /etc/hosts."""
+
+    def __init__(self):
+        self.tag = f"ft{os.getpid() % 100000}"
+        subnet = f"10.{230 + os.getpid() % 20}.{os.getpid() % 250}"
+        self.namespaces = [f"{self.tag}n{index}" for index in range(2)]
+        self.addresses = [f"{subnet}.{index + 1}" for index in range(2)]
+        links = [f"{self.tag}v{index}" for index in range(2)]
+        commands = [["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]]]
+        for namespace, link, address in zip(self.namespaces, links, self.addresses):
+            commands = [["ip", "netns", "add", namespace], *commands]
+            commands += [["ip", "link", "set", link, "netns", namespace],
+                         ["ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", link],
+                         ["ip", "-n", namespace, "link", "set", link, "up"],
+                         ["ip", "-n", namespace, "link", "set", "lo", "up"]]
+        for command in commands:
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                self.close()
+                pytest.skip(f"two nodes need network namespaces, which this machine refused: {' '.join(command)}: "
+                            f"{done.stderr.strip()}")
+        hosts = "".join(f"{address} node{index}\n" for index, address in enumerate(self.addresses))
+        for namespace in self.namespaces:
+            Path("/etc/netns", namespace).mkdir(parents=True, exist_ok=True)
+            Path("/etc/netns", namespace, "hosts").write_text(hosts)
+
+    def start(self, node: int, command: list[str], cwd: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
+        """`command` on node `node`, in the background; its output in `log`. The process is the command itself
+        (every wrapper execs), so that killing it and its children kills the node."""
+        inner = f"hostname node{node} && exec {shlex.join(command)}"
+        return subprocess.Popen(["ip", "netns", "exec", self.namespaces[node], "unshare", "--uts", "sh", "-c", inner],
+                                cwd=cwd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
+
+    def close(self) -> None:
+        for namespace in self.namespaces:
+            pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+            shutil.rmtree(Path("/etc/netns", namespace), ignore_errors=True)
+
+
+@pytest.fixture
+def nodes():
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
+        pytest.skip("two nodes need root, ip (iproute2) and unshare (util-linux) to make network namespaces")
+    made = Nodes()
+    yield made
+    made.close()
+
+
+def kill_node(agent: subprocess.Popen) -> None:
+    """A node that dies: its torchrun agent and every process under it, at once."""
+    tree = [*psutil.Process(agent.pid).children(recursive=True), psutil.Process(agent.pid)]
+    for process in tree:
+        process.kill()
+    psutil.wait_procs(tree, timeout=30)
+
+
+def ranks_on(agent: subprocess.Popen) -> set[str]:
+    return {child.environ().get("RANK") for child in psutil.Process(agent.pid).children()}
+
+
+@pytest.fixture(scope="module")
+def blocks_pack(tmp_path_factory):
+    """400 training images of 4 classes in an HDF5 pack: 25 steps of 4 images an epoch for each of 4 processes."""
+    return packed_tree(tmp_path_factory.mktemp("nodes"), num_classes=4, train_per_class=100)
+
+
+STEPS_PER_EPOCH, EPOCHS, LOG_EVERY = 25, 8, 5
+
+
+def test_two_nodes_train_in_blocks_and_a_node_that_dies_is_replaced_with_every_image_once(nodes, tmp_path,
+                                                                                          blocks_pack):
+    """The README's line on two nodes of two processes, gloo across the link, order=blocks with loader.num_workers=auto
+    measured by each node for itself. Mid-epoch node1 dies; its replacement, whose cache says 2 workers where node0's
+    says 1, joins, torchrun restarts the job, it resumes from node0's checkpoint of its last step, and every epoch's
+    coverage check holds, the resumed one against what was trained before the failure."""
+    pack, tree = blocks_pack
+    command = [*readme_line(nodes=2, processes=2), "debug=tiny", "data=imagenet", f"data.root={tree}", "format=hdf5",
+               f"format.path={pack}", "order=blocks", "order.block=8", "order.window=2", "loader.num_workers=auto",
+               f"train.epochs={EPOCHS}", f"train.log_every={LOG_EVERY}", "logger=jsonl"]
+    caches = [tmp_path / f"cache-node{node}" for node in range(2)]
+    environments = [{**os.environ, **CPU_ONLY, "XDG_CACHE_HOME": str(cache)} for cache in caches]
+    logs = [tmp_path / f"node{node}.txt" for node in range(2)]
+    agents = [nodes.start(node, command, tmp_path, logs[node], environments[node]) for node in range(2)]
+    run_dir = tmp_path / "outputs/torchrun-exp1"  # the README's --rdzv-id
+
+    # Into the second epoch, right after a window: the failure lands mid-epoch, before the next window.
+    wait_for(lambda: any(window["step"] >= STEPS_PER_EPOCH + LOG_EVERY for window in logged_windows(run_dir)), *agents,
+             timeout=600)
+    assert ranks_on(agents[0]) == {"0", "1"}, "the rendezvous ranks node0 first: its name sorts first"
+    last_window = max(window["step"] for window in logged_windows(run_dir))
+    kill_node(agents[1])
+    for cache in caches[1].rglob("num_workers.json"):  # the replacement measured 2 workers for itself
+        cache.write_text(json.dumps({key: 2 for key in json.loads(cache.read_text())}))
+    agents[1] = nodes.start(1, command, tmp_path, logs[1], environments[1])
+
+    for agent, log in zip(agents, logs):
+        finish(agent, timeout=900)
+        assert agent.returncode == 0, log.read_text()[-4000:]
+    resumed = re.search(r"resumed from .*last\.pt at epoch (\d+), step (\d+)", (run_dir / "train.log").read_text())
+    assert resumed and int(resumed[2]) >= last_window, "lost more than one logging window"
+    assert int(resumed[1]) == 1 and int(resumed[2]) % STEPS_PER_EPOCH, "resumed mid-epoch"
+    result = summary(run_dir)
+    assert result["steps"] == STEPS_PER_EPOCH * EPOCHS and result["processes"] == 4
+    assert {times["host"] for times in result["ranks"]} == {"node0", "node1"}
+    epochs = result["coverage"]
+    assert [(entry["epoch"], entry["checked"], entry["trained"] + entry["trained_before_resume"], entry["left_out"])
+            for entry in epochs] == [(epoch, True, 400, 0) for epoch in range(EPOCHS)]
+    assert epochs[1]["trained_before_resume"] == int(resumed[2]) % STEPS_PER_EPOCH * 16
+    assert epochs[0]["workers"] == [1, 1, 1, 1] and epochs[-1]["workers"] == [1, 1, 2, 2]
+
+
+EIGHT = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8")
+
+
+def start_eight(run_dir: Path, cache_dir: Path, tiny_root: Path, *overrides: str) -> subprocess.Popen:
+    """Eight processes of debug=tiny on the synthetic set (3 classes), in the background."""
+    command = [*EIGHT, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}",
+               *tiny(("logger=jsonl", *overrides), cache_dir, tiny_root)]
+    return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **CPU_ONLY})
+
+
+def test_eight_processes_name_their_straggler_and_check_every_epoch(tmp_path, cache_dir, tiny_root):
+    """8 processes on this machine's cores, rank 5 reading 60 ms slower per image: its data share stands out in every
+    window and in the verdict, and both epochs train each of the 144 images once (18 per process)."""
+    run_dir = tmp_path / "run"
+    job = start_eight(run_dir, cache_dir, tiny_root, "data.train_per_class=48", "train.epochs=2", "faults.rank=5",
+                      "faults.read_delay_ms=60")
+    stderr = finish(job, timeout=900)
+    assert job.returncode == 0, stderr[-4000:]
+    result = summary(run_dir)
+    assert result["processes"] == 8 and [times["rank"] for times in result["ranks"]] == list(range(8))
+    assert result["verdict"].startswith(f"Rank 5 on host {os.uname().nodename} holds the others back: it waited for "
+                                        "data"), result["verdict"]
+    spreads = [window for window in logged_windows(run_dir) if "ranks/slowest" in window]
+    assert spreads and all(window["ranks/slowest"] == 5.0 for window in spreads)
+    assert [(entry["checked"], entry["trained"], entry["left_out"], entry["processes"]) for entry in result["coverage"]
+            ] == [(True, 128, 16, 8)] * 2  # 18 images a process: 4 whole batches of 4, 2 left out
+
+
+def test_eight_processes_stop_together_and_resume_on_four_with_every_image_once(tmp_path, cache_dir, tiny_root):
+    """SIGTERM to rank 3 alone: every process stops at that window's end, rank 0 saves the step. Resumed with four
+    processes, the rest of the epoch is spread over them and the epoch's check holds across the change. 480 images:
+    15 steps an epoch for each of eight processes, so that the stop lands part-way through the first."""
+    run_dir, sizes = tmp_path / "run", ("data.train_per_class=160", "train.epochs=2")
+    stopped = stop_one_rank(start_eight(run_dir, cache_dir, tiny_root, *sizes), run_dir, "3")
+    resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+                              "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", "resume=auto",
+                              *tiny(("logger=jsonl", *sizes), cache_dir, tiny_root)],
+                             cwd=PROJECT, capture_output=True, text=True, timeout=900, env={**os.environ, **CPU_ONLY})
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    epochs = summary(run_dir)["coverage"]
+    assert epochs[0]["trained_before_resume"] == int(stopped[2]) and epochs[0]["processes"] == 4
+    assert all(entry["checked"] and entry["trained"] + entry["trained_before_resume"] + entry["left_out"] == 480
+               for entry in epochs)
+
+
+def test_eight_processes_one_of_which_stops_answering_leave_their_stacks_and_end(tmp_path, cache_dir, tiny_root):
+    """Rank 6 suspended, alive but silent: the seven others find no step for 6 s, write where every thread stood,
+    and end in their collective's timeout with one line each."""
+    run_dir = tmp_path / "run"
+    job = start_eight(run_dir, cache_dir, tiny_root, "data.train_per_class=160", "train.epochs=2",
+                      "distributed.timeout_min=0.3", "distributed.stall_min=0.1")
+    wait_for(lambda: (run_dir / "last.pt").exists(), job, timeout=600)
+    processes = {process.environ()["RANK"]: process for process in psutil.Process(job.pid).children()}
+    processes["6"].suspend()
+    suspended = time.monotonic()
+    stderr = finish(job, timeout=300)
+    assert time.monotonic() - suspended < 18 + 30 + 60  # the collective's timeout, torchrun's grace, start-up slack
+    assert job.returncode == 1
+    healthy = [rank for rank in range(8) if rank != 6]
+    assert sorted(path.name for path in run_dir.glob("stacks-rank*.txt")) == sorted(
+        f"stacks-rank{rank}.txt" for rank in healthy)
+    for rank in healthy:
+        text = (run_dir / f"stacks-rank{rank}.txt").read_text()
+        assert "no progress for" in text and "--- thread MainThread ---" in text, text[:2000]
+    assert re.search(r"^error: a collective across the processes failed", stderr, re.MULTILINE), stderr[-3000:]
