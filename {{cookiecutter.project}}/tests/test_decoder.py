@@ -22,8 +22,8 @@ from {{ cookiecutter.package }}.contracts import Crop, Decoder
 from {{ cookiecutter.package }}.core import config
 from {{ cookiecutter.package }}.core.config import DISTRIBUTION, ConfigError, build, installs_here, this_machine
 from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
-from {{ cookiecutter.package }}.data.decoder import (KEPT_OUTPUTS, CpuDecoder, DecodeCrop, Decoded, pillow_decode,
-                                                     pixel_box, scaled)
+from {{ cookiecutter.package }}.data.decoder import (KEPT_OUTPUTS, CpuDecoder, DecodeCrop, Decoded, Unreadable,
+                                                     pillow_decode, pixel_box, scaled)
 from {{ cookiecutter.package }}.data.decoder.jpeg import exif_orientation, header_size, is_cmyk_jpeg, jpeg_frame
 from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder, Encoded, EncodedOrPixels
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
@@ -34,6 +34,7 @@ from {{ cookiecutter.package }}.data.sources import imagenet
 from {{ cookiecutter.package }}.data.staging import no_staging
 
 from conftest import CONF, DEVICE, ODD_FILES, encoded, installed, on_this_machine, photo
+from zoo import ZOO, pillow_reads
 
 DECODERS = [name for name in options.options("decoder") if name != "none"]  # none: for format=tensor alone
 
@@ -224,6 +225,22 @@ def test_the_end_of_a_jpeg_is_found_past_a_trailer_and_not_in_a_truncated_file(n
     assert jpeg_end(image + b"\xff\xd8\xff\xe1 a vendor block \xff\xd9") == len(image)
     assert jpeg_end(image + bytes(64)) == len(image)  # zero padding
     assert jpeg_end(image[:-2]) is None and jpeg_end(image[: len(image) // 2]) is None
+
+
+@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("kind", ["baseline_cut_short", "end_marker_missing", "progressive_last_scan_cut"])
+def test_a_jpeg_cut_short_gets_pillows_verdict_whatever_the_crop(name, kind):
+    """Pillow reads some JPEGs that lack only their end marker and refuses the rest. Every decoder gives its verdict,
+    for the top-left quarter, which a region decode reads before the cut, as for the whole image."""
+    decoder, data, expected = make_decoder(name), ZOO[kind], pillow_reads(ZOO[kind])
+    height, width = 120, 160  # the zoo's size, which Pillow cannot tell of the files it refuses
+    for box in ((0, 0, width // 2, height // 2), (0, 0, width, height)):
+        if expected is None:
+            with pytest.raises(Unreadable):
+                decoder.transform(FixedCrop(box, 32))(data)
+        else:
+            reference = torch.from_numpy(Decoded(expected, box, True, 32).resized()).permute(2, 0, 1)[None]
+            assert mean_difference(crops(decoder, [data], FixedCrop(box, 32)), reference).item() < 6.0, box
 
 
 def test_opencv_keeps_to_one_thread_in_every_decoder_process():

@@ -18,7 +18,7 @@ from ... import options
 from ...contracts import Crop, Decoder
 from ...core.config import ConfigError
 from ..batch_memory import batch_buffer
-from . import DecodeCrop, Unreadable, decoding, pixel_box
+from . import DecodeCrop, decoding, pixel_box
 from .jpeg import exif_orientation, header_size, jpeg_end, jpeg_frame
 from .pil import PilDecoder
 
@@ -62,13 +62,13 @@ class EncodedOrPixels:
 
     def __call__(self, data: bytes) -> Encoded | torch.Tensor:
         frame = jpeg_frame(data)  # one walk over the header: what the device takes, the size, EXIF
-        if not (frame and frame.huffman_8bit and not frame.cmyk):
+        end = None
+        if frame and frame.huffman_8bit and not frame.cmyk:
+            # A trailer after the image would fail the device's batch: it is cut off.
+            end = len(data) if data.endswith(b"\xff\xd9") else jpeg_end(data)
+        if end is None:  # and a JPEG cut short gets Pillow's verdict, as any file the device does not take
             return torch.from_numpy(self.fallback(data).resized())
-        if not data.endswith(b"\xff\xd9"):  # a trailer after the image, or a truncated file, which would fail its batch
-            end = jpeg_end(data)
-            if end is None:
-                raise Unreadable("truncated JPEG: no end-of-image marker")
-            data = data[:end]
+        data = data[:end]
         with decoding():
             width, height = header_size(data, frame)
             orientation = exif_orientation(data, frame)

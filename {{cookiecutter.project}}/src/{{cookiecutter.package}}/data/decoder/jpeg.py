@@ -100,8 +100,16 @@ def is_cmyk_jpeg(data: bytes) -> bool:
 
 
 def reads_as_jpeg(data: bytes) -> bool:
-    """A JPEG that libjpeg-turbo's other users read as Pillow does: not PNG under a .JPEG name, not Adobe's CMYK."""
-    return data[:2] == b"\xff\xd8" and not is_cmyk_jpeg(data)
+    """A JPEG that libjpeg-turbo's other users read as Pillow does: not PNG under a .JPEG name, not Adobe's CMYK, not
+    cut short."""
+    return data[:2] == b"\xff\xd8" and not is_cmyk_jpeg(data) and not cut_short(data)
+
+
+def cut_short(data: bytes) -> bool:
+    """A JPEG that stops before its end-of-image marker, as an interrupted download leaves it. Whether what is there is
+    enough to decode is Pillow's verdict, file by file (it reads some that lack only the marker): libjpeg-turbo fills in
+    what is missing with a warning, and a decode that stops at its crop's last row never meets the cut."""
+    return data[:2] == b"\xff\xd8" and not data.endswith(b"\xff\xd9") and jpeg_end(data) is None
 
 
 STANDALONE_MARKERS = {0x01, *range(0xD0, 0xDA)}  # TEM, RST0-7, SOI, EOI: markers with no length after them

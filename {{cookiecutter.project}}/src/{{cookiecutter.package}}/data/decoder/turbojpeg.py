@@ -9,7 +9,7 @@ a cropping region for decoding and loads the system's libturbojpeg, which is 2.x
 The `turbojpeg` wheel bundles libturbojpeg 3 (TurboJPEG 3 API); the few calls below reach it through ctypes.
 
 TurboJPEG reads baseline, progressive and arithmetic-coded 8-bit YCbCr or grayscale JPEGs; Pillow takes anything
-else (PNG under a .JPEG name, CMYK, 12-bit), so every file of ImageNet still decodes.
+else (PNG under a .JPEG name, CMYK, 12-bit, a JPEG cut short), so every file of ImageNet still decodes.
 """
 import ctypes
 import functools
@@ -21,7 +21,7 @@ import numpy as np
 
 from ...contracts import Box
 from . import CpuDecoder, dct_scale, scaled
-from .jpeg import pil_size
+from .jpeg import cut_short, pil_size
 
 INIT_DECOMPRESS, PIXEL_RGB = 1, 0  # TJINIT_DECOMPRESS, TJPF_RGB
 SUBSAMPLING, WIDTH, HEIGHT, PRECISION, COLOURSPACE = 4, 5, 6, 7, 8  # TJPARAM_* read after tj3DecompressHeader
@@ -101,7 +101,7 @@ class TurboJpegDecoder(CpuDecoder):
             _, header = self.header(data)
         except ValueError:
             return False
-        return header[COLOURSPACE] in READ_COLOURSPACES and header[PRECISION] == 8
+        return header[COLOURSPACE] in READ_COLOURSPACES and header[PRECISION] == 8 and not cut_short(data)
 
     def decode(self, data: bytes, shrink: float) -> np.ndarray:
         buffer, header = self.header(data)
