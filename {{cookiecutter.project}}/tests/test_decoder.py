@@ -581,6 +581,19 @@ def test_turbojpeg_reads_each_files_header_once(name, monkeypatch):
     assert twice.shape == (2 * len(files), 3, 64, 64)
 
 
+@pytest.mark.parametrize("name", installed("decoder", ["turbojpeg"]))
+def test_turbojpeg_decodes_the_files_it_warns_about_and_gets_over_a_bad_header(name):
+    """libjpeg warns of bytes it skipped once it decoded every pixel, as it does under Pillow, which reads such files;
+    a header read that fails leaves the thread's handle unable to read any file after it, unless it is made anew."""
+    decoder = make_decoder(name)
+    for kind in ("extraneous_bytes_before_end", "junk_between_header_segments", "after_a_bad_header"):
+        if kind == "after_a_bad_header":
+            with pytest.raises(ValueError, match="Bogus marker length"):
+                decoder.header(ZOO["bogus_marker_length"])
+        assert decoder.reads(ZOO[kind]), kind
+        assert np.abs(decoder.decode(ZOO[kind], 1).astype(int) - pillow_reads(ZOO[kind])).mean() < 1.0, kind
+
+
 def test_only_decoders_that_decode_a_region_say_so():
     """`region_decode` in a CPU decoder's facts if and only if it decodes less than the whole image."""
     for name in DECODERS:

@@ -24,6 +24,7 @@ from . import CpuDecoder, dct_scale, scaled
 from .jpeg import cut_short, pil_size
 
 INIT_DECOMPRESS, PIXEL_RGB = 1, 0  # TJINIT_DECOMPRESS, TJPF_RGB
+WARNING = 0  # TJERR_WARNING, from tj3GetErrorCode: the call did its work, where TJERR_FATAL (1) says it gave up
 SUBSAMPLING, WIDTH, HEIGHT, PRECISION, COLOURSPACE = 4, 5, 6, 7, 8  # TJPARAM_* read after tj3DecompressHeader
 READ_COLOURSPACES = {1, 2}  # TJCS_YCbCr, TJCS_GRAY
 MCU_WIDTH = (8, 16, 16, 8, 8, 32, 8)  # pixels, by TJSAMP_444, 422, 420, GRAY, 440, 411, 441; -1 is unknown
@@ -50,6 +51,8 @@ def library() -> ctypes.CDLL:
     lib.tj3SetCroppingRegion.argtypes = [handle, Region]
     lib.tj3Decompress8.argtypes = [handle, data, size, data, status, status]
     lib.tj3GetErrorStr.restype, lib.tj3GetErrorStr.argtypes = ctypes.c_char_p, [handle]
+    lib.tj3GetErrorCode.argtypes = [handle]
+    lib.tj3Destroy.restype, lib.tj3Destroy.argtypes = None, [handle]
     return lib
 
 
@@ -64,13 +67,23 @@ class TurboJpegDecoder(CpuDecoder):
         self.__init__()
 
     def call(self, function: str, *args) -> int:
-        """`function` on this thread's handle; a failure, warnings included (a truncated file), is a ValueError."""
+        """`function` on this thread's handle; a failure is a ValueError.
+
+        A warning is not a failure: libjpeg warns of bytes it skipped ("extraneous bytes before marker 0xd9", once
+        every pixel is decoded; junk between header segments), and Pillow, which ignores its warnings, reads such files.
+        A JPEG cut short, whose warning would hide grey rows, never gets here (`reads`). A failed call leaves the handle
+        in the middle of a file (a header read that stopped at a bogus marker length fails every later file on it), so
+        the thread gets a new one."""
         lib = library()
         if not hasattr(self.local, "handle"):
             self.local.handle = lib.tj3Init(INIT_DECOMPRESS)
         result = getattr(lib, function)(self.local.handle, *args)
-        if result == -1:
-            raise ValueError(lib.tj3GetErrorStr(self.local.handle).decode(errors="replace"))
+        if result == -1 and lib.tj3GetErrorCode(self.local.handle) != WARNING:
+            message = lib.tj3GetErrorStr(self.local.handle).decode(errors="replace")
+            lib.tj3Destroy(self.local.handle)
+            del self.local.handle
+            self.local.data = None  # the header read for the next call to reuse was on that handle
+            raise ValueError(message)
         return result
 
     def header(self, data: bytes) -> tuple[np.ndarray, dict[int, int]]:
