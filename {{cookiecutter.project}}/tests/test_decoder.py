@@ -243,6 +243,29 @@ def test_a_jpeg_cut_short_gets_pillows_verdict_whatever_the_crop(name, kind):
             assert mean_difference(crops(decoder, [data], FixedCrop(box, 32)), reference).item() < 6.0, box
 
 
+@pytest.mark.parametrize("name", DECODERS)
+def test_an_image_larger_than_pillow_opens_is_refused_from_its_header_before_any_decode(name, monkeypatch):
+    """60000 x 60000 pixels claimed by 700 bytes: Pillow refuses to open it (a decompression bomb, over twice
+    Image.MAX_IMAGE_PIXELS), and so does every decoder's worker, from the size alone, where OpenCV decoded it at 1/8
+    scale and TorchCodec allocated 10.8 GB. A limit set for Pillow holds for every decoder."""
+    decoder = make_decoder(name)
+
+    def never(*args):
+        raise AssertionError("decoded")
+
+    for method in ("decode", "decode_box"):  # a CPU decoder's; a batch decoder's worker hands the device nothing
+        if hasattr(decoder, method):
+            monkeypatch.setattr(decoder, method, never)
+    transform = decoder.transform(CenterCrop(64, 73))
+    assert pillow_reads(ZOO["huge_header"]) is None
+    with pytest.raises(Unreadable, match="DecompressionBombError"):
+        transform(ZOO["huge_header"])
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 5000)  # the zoo's 160 x 120 baseline is over twice that
+    assert pillow_reads(ZOO["baseline"]) is None
+    with pytest.raises(Unreadable, match="DecompressionBombError"):
+        transform(ZOO["baseline"])
+
+
 def test_opencv_keeps_to_one_thread_in_every_decoder_process():
     assert cv2.getNumThreads() == 1  # set when the decoder package is imported, by any process
 

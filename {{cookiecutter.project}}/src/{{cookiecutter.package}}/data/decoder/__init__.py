@@ -54,6 +54,15 @@ def decoding() -> Iterator[None]:
         raise Unreadable(f"{err.__class__.__name__}: {err}") from err
 
 
+def check_size(width: int, height: int) -> None:
+    """Refuse, before anything is allocated, an image larger than Pillow opens: twice Image.MAX_IMAGE_PIXELS, its
+    DecompressionBombError (a few hundred bytes can claim 60000 x 60000 pixels, 10.8 GB as RGB). Read at each call, so
+    that a limit set for Pillow holds for every decoder."""
+    if Image.MAX_IMAGE_PIXELS and width * height > 2 * Image.MAX_IMAGE_PIXELS:
+        raise Unreadable(f"DecompressionBombError: its header claims {width} x {height} pixels, more than twice "
+                         f"PIL.Image.MAX_IMAGE_PIXELS ({Image.MAX_IMAGE_PIXELS}), which Pillow refuses")
+
+
 def pixel_box(box: Box, width: int, height: int) -> tuple[int, int, int, int]:
     """The box in whole pixels, inside the image and at least one pixel wide."""
     left, top = min(int(box[0]), width - 1), min(int(box[1]), height - 1)
@@ -167,6 +176,7 @@ class DecodeCrop:
     def __call__(self, data) -> Decoded:
         with decoding():
             width, height = self.decoder.image_size(data)
+        check_size(width, height)
         box, flip = self.crop(width, height)
         shrink = min(box[2] - box[0], box[3] - box[1]) / self.crop.size
         with decoding():

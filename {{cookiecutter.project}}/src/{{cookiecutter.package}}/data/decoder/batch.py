@@ -18,7 +18,7 @@ from ... import options
 from ...contracts import Crop, Decoder
 from ...core.config import ConfigError
 from ..batch_memory import batch_buffer
-from . import DecodeCrop, decoding, pixel_box
+from . import DecodeCrop, check_size, decoding, pixel_box
 from .jpeg import exif_orientation, header_size, jpeg_end, jpeg_frame
 from .pil import PilDecoder
 
@@ -72,6 +72,7 @@ class EncodedOrPixels:
         with decoding():
             width, height = header_size(data, frame)
             orientation = exif_orientation(data, frame)
+        check_size(width, height)
         box, flip = self.crop(width, height)
         # A view of the bytes, not a copy: the collate copies them into the batch's buffer.
         return Encoded(np.frombuffer(data, np.uint8), pixel_box(box, width, height), flip, self.crop.size, orientation)
