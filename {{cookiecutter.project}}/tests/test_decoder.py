@@ -24,7 +24,7 @@ from {{ cookiecutter.package }}.core.config import DISTRIBUTION, ConfigError, bu
 from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
 from {{ cookiecutter.package }}.data.decoder import (KEPT_OUTPUTS, CpuDecoder, DecodeCrop, Decoded, Unreadable,
                                                      pillow_decode, pixel_box, scaled)
-from {{ cookiecutter.package }}.data.decoder.jpeg import exif_orientation, header_size, is_cmyk_jpeg, jpeg_frame
+from {{ cookiecutter.package }}.data.decoder.jpeg import exif_orientation, header_size, jpeg_frame
 from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder, Encoded, EncodedOrPixels
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
@@ -356,15 +356,31 @@ def test_only_huffman_coded_8bit_jpegs_go_to_the_device():
                for kind in ("rgb", "grayscale", "progressive", "exif_rotated", "trailer"))
     assert not any(isinstance(worker(ODD_FILES[kind]), Encoded) for kind in ("arithmetic", "png_named_jpeg"))
     assert jpeg_frame(b"") is None and jpeg_frame(ODD_FILES["rgb"][:2]) is None
+    # A header the walk cannot follow to its first scan is Pillow's to judge, in the worker: the device would fail the
+    # whole batch on it (DALI's pipeline for good).
+    assert jpeg_frame(ZOO["junk_between_header_segments"]) is None and jpeg_frame(ZOO["bogus_marker_length"]) is None
+    assert torch.equal(worker(ZOO["junk_between_header_segments"]),
+                       torch.from_numpy(DecodeCrop(PilDecoder(), CenterCrop(16, 16))(
+                           ZOO["junk_between_header_segments"]).resized()))
+    with pytest.raises(Unreadable):
+        worker(ZOO["bogus_marker_length"])
 
 
-@pytest.mark.parametrize("kind", ODD_FILES)
+HEADERS = {**ODD_FILES, **{f"zoo_{kind}": data for kind, data in ZOO.items() if pillow_reads(data) is not None}}
+
+
+@pytest.mark.parametrize("kind", HEADERS)
 def test_the_header_walk_reads_the_size_and_colours_pillow_reads(kind):
     """The workers read a file's size, whether it is CMYK and whether it carries an EXIF orientation from the JPEG's
     header segments instead of Pillow's Image.open; all must say what Pillow says, whatever segments come first."""
-    data, image = ODD_FILES[kind], Image.open(io.BytesIO(ODD_FILES[kind]))
+    data, image = HEADERS[kind], Image.open(io.BytesIO(HEADERS[kind]))
+    frame = jpeg_frame(data)
     assert header_size(data) == image.size
-    assert is_cmyk_jpeg(data) == (image.format == "JPEG" and image.mode == "CMYK")
+    if image.format != "JPEG" or kind == "zoo_junk_between_header_segments":  # not a walk to follow: Pillow's to read
+        assert frame is None
+    else:
+        assert frame is not None and frame.cmyk == (image.mode == "CMYK")
+    assert exif_orientation(data) == (image.getexif().get(0x0112, 1) if image.format == "JPEG" else 1)
     assert exif_orientation(data) == (image.getexif().get(0x0112, 1) if image.format == "JPEG" else 1)
 
 

@@ -42,7 +42,9 @@ class Frame:
 
 def jpeg_frame(data: bytes) -> Frame | None:
     """The frame header of a JPEG, found by walking the header's segments up to the first scan; None for a file that
-    is not a JPEG or whose header stops before it. Pillow's Image.open reads the same facts in 80 us a photo, this
+    is not a JPEG, or whose header the walk cannot follow to its first scan (a segment length that leads it astray,
+    stray bytes between segments, a header cut short): whether libjpeg gets over that is for Pillow to judge, as it
+    judges any file the other decoders do not take. Pillow's Image.open reads the same facts in 80 us a photo, this
     walk in 5."""
     if data[:2] != b"\xff\xd8":
         return None
@@ -53,15 +55,16 @@ def jpeg_frame(data: bytes) -> Frame | None:
             position += 1
             continue
         if marker == 0xDA:  # the first scan: the header ends here
-            break
+            return Frame(*frame, exif) if frame else None
+        length = int.from_bytes(data[position + 2:position + 4], "big")
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and frame is None:  # not DHT, JPG, DAC
-            if position + 10 > len(data):
+            if position + 10 > len(data) or length != 8 + 3 * data[position + 9]:  # 3 bytes per component
                 return None
             frame = (marker, data[position + 4], int.from_bytes(data[position + 7:position + 9], "big"),
                      int.from_bytes(data[position + 5:position + 7], "big"), data[position + 9])
         exif = exif or marker == 0xE1 and data[position + 4:position + 10] == b"Exif\0\0"  # APP1, EXIF's segment
-        position += 2 + int.from_bytes(data[position + 2:position + 4], "big")
-    return Frame(*frame, exif) if frame else None
+        position += 2 + length
+    return None
 
 
 def header_size(data: bytes, frame: Frame | None = None) -> tuple[int, int]:
@@ -93,16 +96,11 @@ def as_stored(image: torch.Tensor, orientation: int) -> torch.Tensor:
     return AS_STORED[orientation](image) if orientation in AS_STORED else image
 
 
-def is_cmyk_jpeg(data: bytes) -> bool:
-    """A four-component JPEG (see `Frame.cmyk`)."""
-    frame = jpeg_frame(data)
-    return frame is not None and frame.cmyk
-
-
 def reads_as_jpeg(data: bytes) -> bool:
-    """A JPEG that libjpeg-turbo's other users read as Pillow does: not PNG under a .JPEG name, not Adobe's CMYK, not
-    cut short."""
-    return data[:2] == b"\xff\xd8" and not is_cmyk_jpeg(data) and not cut_short(data)
+    """A JPEG that libjpeg-turbo's other users read as Pillow does: not PNG under a .JPEG name, one whose header the
+    walk follows (`jpeg_frame`), not Adobe's CMYK, not cut short."""
+    frame = jpeg_frame(data)
+    return frame is not None and not frame.cmyk and not cut_short(data)
 
 
 def cut_short(data: bytes) -> bool:

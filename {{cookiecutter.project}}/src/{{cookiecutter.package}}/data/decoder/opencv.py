@@ -3,7 +3,7 @@ import cv2
 import numpy as np
 
 from . import CpuDecoder, dct_scale
-from .jpeg import cut_short, is_cmyk_jpeg
+from .jpeg import reads_as_jpeg
 
 REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
            8: cv2.IMREAD_REDUCED_COLOR_8}
@@ -11,8 +11,9 @@ REDUCED = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_RED
 
 class OpenCvDecoder(CpuDecoder):
     def reads(self, data: bytes) -> bool:
-        # Adobe's inverted CMYK reads the other way round from Pillow; whether a JPEG cut short decodes is Pillow's call.
-        return not is_cmyk_jpeg(data) and not cut_short(data)
+        # Pillow decodes the rest: other formats (whose readers differ from OpenCV's), Adobe's inverted CMYK (which
+        # reads the other way round here), a JPEG cut short (for which Pillow has a verdict of its own).
+        return reads_as_jpeg(data)
 
     def decode(self, data: bytes, shrink: float) -> np.ndarray:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), REDUCED[dct_scale(shrink)] | cv2.IMREAD_IGNORE_ORIENTATION)
