@@ -19,17 +19,15 @@ from ...contracts import Crop, Decoder
 from ...core.config import ConfigError
 from ..batch_memory import batch_buffer
 from . import DecodeCrop, check_size, decoding, pixel_box
-from .jpeg import exif_orientation, header_size, jpeg_end, jpeg_frame
+from .jpeg import header_size, jpeg_end, jpeg_frame, without_app1
 from .pil import PilDecoder
 
 
 class Encoded:
     """One image for the device to decode: its bytes, its crop box in whole pixels, whether to flip it."""
 
-    def __init__(self, data: np.ndarray, box: tuple[int, int, int, int], flip: bool, size: int,
-                 orientation: int):
+    def __init__(self, data: np.ndarray, box: tuple[int, int, int, int], flip: bool, size: int):
         self.data, self.box, self.flip, self.size = data, box, flip, size  # data: the file's bytes, as uint8
-        self.orientation = orientation  # EXIF's, for a decoder that applies it to undo it
 
 
 class OneBuffer:
@@ -45,8 +43,7 @@ class OneBuffer:
         self.shapes = [array.shape for array in arrays]
         self.buffer = batch_buffer((sum(array.size for array in arrays),))
         np.concatenate([array.reshape(-1) for array in arrays], out=self.buffer.numpy())
-        self.encoded = [(item.box, item.flip, item.size, item.orientation) if isinstance(item, Encoded) else None
-                        for item in items]
+        self.encoded = [(item.box, item.flip, item.size) if isinstance(item, Encoded) else None for item in items]
 
     def items(self) -> list[Encoded | torch.Tensor]:
         views = self.buffer.split([math.prod(shape) for shape in self.shapes])
@@ -61,7 +58,7 @@ class EncodedOrPixels:
         self.crop, self.fallback = crop, DecodeCrop(PilDecoder(), crop)
 
     def __call__(self, data: bytes) -> Encoded | torch.Tensor:
-        frame = jpeg_frame(data)  # one walk over the header: what the device takes, the size, EXIF
+        frame = jpeg_frame(data)  # one walk over the header: what the device takes, the size, APP1 segments
         end = None
         if frame and frame.huffman_8bit and not frame.cmyk:
             # A trailer after the image would fail the device's batch: it is cut off.
@@ -71,11 +68,12 @@ class EncodedOrPixels:
         data = data[:end]
         with decoding():
             width, height = header_size(data, frame)
-            orientation = exif_orientation(data, frame)
         check_size(width, height)
         box, flip = self.crop(width, height)
-        # A view of the bytes, not a copy: the collate copies them into the batch's buffer.
-        return Encoded(np.frombuffer(data, np.uint8), pixel_box(box, width, height), flip, self.crop.size, orientation)
+        # A view of the bytes, not a copy, since the collate copies them into the batch's buffer; but a copy with its
+        # APP1 segments hidden where it has any, by which TorchCodec would turn the image (DALI, told not to, does not).
+        encoded = without_app1(data) if frame.app1 else data
+        return Encoded(np.frombuffer(encoded, np.uint8), pixel_box(box, width, height), flip, self.crop.size)
 
 
 class BatchDecoder(Decoder):

@@ -1,9 +1,9 @@
-"""What a file's header says, read without decoding it: its size, how a JPEG is coded, its EXIF orientation (and how
-to undo a decoder's turn by it), where it ends."""
+"""What a file's header says, read without decoding it: its size, how a JPEG is coded, where it ends; and a JPEG with
+its APP1 segments hidden from a decoder that would turn the image by them."""
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
 from PIL import Image
 
 
@@ -15,18 +15,20 @@ def pil_size(data: bytes) -> tuple[int, int]:
 # Start-of-frame markers: baseline, extended sequential and progressive Huffman coding. nvJPEG decodes these
 # (and only in 8-bit precision); arithmetic coding (0xC9-0xCB), lossless (0xC3) and hierarchical frames it does not.
 HUFFMAN_FRAMES = {0xC0, 0xC1, 0xC2}
+START_OF_SCAN, APP1, APP15 = 0xDA, 0xE1, 0xEF
 
 
 @dataclass(frozen=True)
 class Frame:
     """A JPEG's frame header: how its scans are coded (the start-of-frame marker), its sample precision in bits, its
-    size and its colour components (1 grey, 3 YCbCr or RGB, 4 CMYK or YCCK); and whether its header holds EXIF."""
+    size and its colour components (1 grey, 3 YCbCr or RGB, 4 CMYK or YCCK); and whether its header holds APP1
+    segments (EXIF, XMP)."""
     marker: int
     precision: int
     width: int
     height: int
     components: int
-    exif: bool
+    app1: bool
 
     @property
     def huffman_8bit(self) -> bool:
@@ -40,31 +42,53 @@ class Frame:
         return self.components == 4
 
 
-def jpeg_frame(data: bytes) -> Frame | None:
-    """The frame header of a JPEG, found by walking the header's segments up to the first scan; None for a file that
-    is not a JPEG, or whose header the walk cannot follow to its first scan (a segment length that leads it astray,
-    stray bytes between segments, a header cut short): whether libjpeg gets over that is for Pillow to judge, as it
-    judges any file the other decoders do not take. Pillow's Image.open reads the same facts in 80 us a photo, this
-    walk in 5."""
-    if data[:2] != b"\xff\xd8":
-        return None
-    frame, exif, position = None, False, 2  # after SOI
+def header_segments(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(marker, position, length) of each segment of a JPEG's header, in order, the first scan's (SOS) last; the walk
+    stops short of it where it cannot follow the header (a segment length that leads it astray, stray bytes between
+    segments, a header cut short)."""
+    position = 2  # after SOI
     while position + 4 <= len(data) and data[position] == 0xFF:
         marker = data[position + 1]
         if marker == 0xFF:  # a fill byte
             position += 1
             continue
-        if marker == 0xDA:  # the first scan: the header ends here
-            return Frame(*frame, exif) if frame else None
         length = int.from_bytes(data[position + 2:position + 4], "big")
+        yield marker, position, length
+        if marker == START_OF_SCAN:
+            return
+        position += 2 + length
+
+
+def jpeg_frame(data: bytes) -> Frame | None:
+    """The frame header of a JPEG, found by walking the header's segments up to the first scan; None for a file that
+    is not a JPEG, or whose header the walk cannot follow to its first scan: whether libjpeg gets over that is for
+    Pillow to judge, as it judges any file the other decoders do not take. Pillow's Image.open reads the same facts in
+    80 us a photo, this walk in 5."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    frame, app1 = None, False
+    for marker, position, length in header_segments(data):
+        if marker == START_OF_SCAN:
+            return Frame(*frame, app1) if frame else None
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and frame is None:  # not DHT, JPG, DAC
             if position + 10 > len(data) or length != 8 + 3 * data[position + 9]:  # 3 bytes per component
                 return None
             frame = (marker, data[position + 4], int.from_bytes(data[position + 7:position + 9], "big"),
                      int.from_bytes(data[position + 5:position + 7], "big"), data[position + 9])
-        exif = exif or marker == 0xE1 and data[position + 4:position + 10] == b"Exif\0\0"  # APP1, EXIF's segment
-        position += 2 + length
+        app1 = app1 or marker == APP1
     return None
+
+
+def without_app1(data: bytes) -> bytearray:
+    """A copy of a JPEG whose header's APP1 segments (EXIF, XMP) are marked APP15, which decoders skip unread; for a
+    JPEG whose header the walk follows (`jpeg_frame`). TorchCodec turns an image by the EXIF orientation it reads from
+    the first APP1 segment, its own way (an XMP packet there hides EXIF from it, a tag stored as a LONG reads as none),
+    where no decoder here applies EXIF orientation: what it never sees, it cannot turn by."""
+    copy = bytearray(data)
+    for marker, position, _ in header_segments(data):
+        if marker == APP1:
+            copy[position + 1] = APP15
+    return copy
 
 
 def header_size(data: bytes, frame: Frame | None = None) -> tuple[int, int]:
@@ -72,28 +96,6 @@ def header_size(data: bytes, frame: Frame | None = None) -> tuple[int, int]:
     JPEG whose height comes later, in a DNL segment) from Pillow's reading of its header."""
     frame = frame or jpeg_frame(data)
     return (frame.width, frame.height) if frame and frame.width and frame.height else pil_size(data)
-
-
-def exif_orientation(data: bytes, frame: Frame | None = None) -> int:
-    """The EXIF orientation tag of a JPEG (`frame`: its header, where it was read already): 1 (as stored) when it has
-    none."""
-    frame = frame or jpeg_frame(data)
-    # A header the walk cannot follow (stray bytes between segments, which libjpeg skips): search it for EXIF's block.
-    if not (frame.exif if frame else data.find(b"Exif\0\0", 0, 1 << 16) >= 0):
-        return 1
-    return Image.open(io.BytesIO(data)).getexif().get(0x0112, 1)
-
-
-# For each EXIF orientation, what takes a CHW image turned as that tag says back to the pixels as stored.
-AS_STORED = {2: lambda x: x.flip(2), 3: lambda x: x.rot90(2, (1, 2)), 4: lambda x: x.flip(1),
-             5: lambda x: x.transpose(1, 2), 6: lambda x: x.rot90(1, (1, 2)),
-             7: lambda x: x.transpose(1, 2).flip(1).flip(2), 8: lambda x: x.rot90(-1, (1, 2))}
-
-
-def as_stored(image: torch.Tensor, orientation: int) -> torch.Tensor:
-    """A CHW image that a decoder turned by its EXIF orientation (TorchCodec always does), as stored: no
-    decoder here applies EXIF orientation (see the module's docstring)."""
-    return AS_STORED[orientation](image) if orientation in AS_STORED else image
 
 
 def reads_as_jpeg(data: bytes) -> bool:

@@ -21,7 +21,6 @@ from ...core.config import ConfigError
 from ..images import UnreadableImage
 from . import Unreadable, decoding, pillow_decode
 from .batch import BatchDecoder, Encoded
-from .jpeg import as_stored
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +53,19 @@ class NvjpegDecoder(BatchDecoder):
         return lambda: crops  # decoded in this call (on a GPU, queued on its stream): nothing is left to wait for
 
     def decode(self, encoded: list[Encoded], device: torch.device) -> list[torch.Tensor]:
-        """The images as stored, in one batched call; where nvJPEG refuses the batch, one by one, with Pillow on the
-        CPU for each image it refuses (as DALI falls back to the host), so that one odd file never ends the run."""
+        """The images as stored (the workers hid their APP1 segments, by which TorchCodec would turn them), in one
+        batched call; where nvJPEG refuses the batch, one by one, with Pillow on the CPU for each image it refuses (as
+        DALI falls back to the host), so that one odd file never ends the run."""
         try:
-            images = decode_jpeg([torch.from_numpy(item.data) for item in encoded], mode="RGB", device=device)
+            return decode_jpeg([torch.from_numpy(item.data) for item in encoded], mode="RGB", device=device)
         except DEVICE_FAULTS:
             raise
         except RuntimeError:
             return [self.decode_one(item, device) for item in encoded]
-        return [as_stored(image, item.orientation) for image, item in zip(images, encoded)]
 
     def decode_one(self, item: Encoded, device: torch.device) -> torch.Tensor:
         try:
-            return as_stored(decode_jpeg(torch.from_numpy(item.data), mode="RGB", device=device), item.orientation)
+            return decode_jpeg(torch.from_numpy(item.data), mode="RGB", device=device)
         except DEVICE_FAULTS:
             raise
         except RuntimeError as refused:
