@@ -236,6 +236,36 @@ def test_a_package_missing_inside_an_installed_namespace_is_missing(name, tmp_pa
         sys.modules.pop(parent, None)  # the fake, imported by the lookup
 
 
+@pytest.mark.parametrize("name", [name for name in DECODERS if options.facts("decoder", name).distribution])
+def test_a_module_of_the_same_name_from_another_package_is_missing(name, tmp_path, monkeypatch):
+    """PyTurboJPEG installs a top-level `turbojpeg` module too: decoder=turbojpeg counted as installed, and its first
+    decode raised PackageNotFoundError in a worker. Such a module is missing, in one line, and so is a distribution
+    whose files lack the library it should bundle."""
+    facts = options.facts("decoder", name)
+    if facts.missing():
+        pytest.skip(f"decoder={name}: {facts.missing()}")
+    install = f": pip install -e '.[{facts.extra}]'" if installs_here(facts.extra) else ""
+    files = metadata.files
+    monkeypatch.setattr(metadata, "files", lambda distribution: [file for file in files(distribution)
+                                                                  if facts.bundles not in file.name])
+    assert facts.missing().startswith(f"{facts.distribution} is not installed ({facts.distribution} here holds no "
+                                      f"{facts.bundles}){install}")
+    monkeypatch.setattr(metadata, "files", files)
+    other = tmp_path / f"{facts.module}.py"
+    other.write_text("")  # found first on the path, as another package's module of that name would be
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, facts.module, raising=False)  # put back after the test
+    try:
+        refusal = (f"{facts.distribution} is not installed (the module {facts.module} here comes from {other}, not "
+                   f"from {facts.distribution}){install}")
+        assert facts.missing().startswith(refusal)
+        with pytest.raises(ConfigError) as refused:
+            build(compose_decoder(name))
+        assert str(refused.value) == facts.missing()
+    finally:
+        sys.modules.pop(facts.module, None)  # the stand-in, imported by build
+
+
 @pytest.mark.parametrize("name", ["rgb", "progressive", "exif_rotated", "grayscale"])
 def test_the_end_of_a_jpeg_is_found_past_a_trailer_and_not_in_a_truncated_file(name):
     from {{ cookiecutter.package }}.data.decoder.jpeg import jpeg_end

@@ -6,6 +6,8 @@
       bench_without_gpu: false                # whether bench times it that way (a test path is not worth it)
       extra: torchcodec                       # pip install -e '.[torchcodec]' ...
       module: torchcodec                      # ... installs this module
+      distribution: turbojpeg                 # the module must be this distribution's (another installs one of that
+      bundles: libturbojpeg                   # name), and its files must hold this library: turbojpeg's facts
 
 and what it can do, which generic code asks instead of naming it (absent: false):
       decode_rank: 1           # a CPU decoder's place by decode-only speed, 1 fastest (docs/benchmarks.md)
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .core.config import FACTS, not_installed
+from .core.config import FACTS, not_from, not_installed
 
 CONF = Path(__file__).resolve().parent / "conf"  # the entry points' config_path, shipped in the wheel
 PACKAGE = __package__  # the import name, in the commands the tools run
@@ -46,6 +48,8 @@ class Facts:
     bench_without_gpu: bool = False
     extra: str | None = None
     module: str | None = None
+    distribution: str | None = None
+    bundles: str | None = None
     decode_rank: int | None = None
     region_decode: bool = False
     takes_pixels: bool = False
@@ -64,7 +68,12 @@ class Facts:
 
     def missing(self) -> str | None:
         """Why this option cannot be built here for want of its package, and what to do, or None."""
-        return not_installed(self.module, self.extra) if self.module and not importable(self.module) else None
+        if not self.module:
+            return None
+        if not importable(self.module):
+            return not_installed(self.module, self.extra)
+        why = not_from(self.module, self.distribution, self.bundles)
+        return not_installed(self.distribution, self.extra, f" ({why})") if why else None
 
     def overrides_without_gpu(self, group: str) -> list[str]:
         return [f"{group}.{key}={str(value).lower() if isinstance(value, bool) else value}"

@@ -5,12 +5,14 @@ Every rank resolves the same run folder: under torchrun it is named after the re
 (and an elastic restart of them) share, instead of a timestamp each rank would read for itself.
 """
 import importlib
+import importlib.util
 import os
 import platform
 import sys
 import time
 from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -32,12 +34,36 @@ class ConfigError(ClearError):
 DISTRIBUTION = "{{ cookiecutter.project }}"  # pyproject.toml's name: its extras' markers say where each installs
 
 
-def optional_import(module: str, extra: str) -> ModuleType:
-    """Import a backend's package where the backend is built, or refuse in one line naming the extra to install."""
+def optional_import(module: str, extra: str, distribution: str | None = None, bundles: str | None = None) -> ModuleType:
+    """Import a backend's package where the backend is built, or refuse in one line naming the extra to install: where
+    it is missing, and where the module of that name is not `distribution`'s (see `not_from`)."""
     try:
-        return importlib.import_module(module)
+        imported = importlib.import_module(module)
     except ImportError as err:
         raise ConfigError(not_installed(module, extra, f" ({err})")) from None
+    if why := not_from(module, distribution, bundles):
+        raise ConfigError(not_installed(distribution, extra, f" ({why})"))
+    return imported
+
+
+def not_from(module: str, distribution: str | None, bundles: str | None = None) -> str | None:
+    """Why the importable `module` is not the one an option wants, or None: it is not the file `distribution`
+    installed (PyTurboJPEG installs a top-level `turbojpeg` module too, which decoder=turbojpeg cannot use), or that
+    distribution's files lack the library it `bundles`. Nothing to check for an option that names no distribution."""
+    if distribution is None:
+        return None
+    try:
+        files = metadata.files(distribution) or []
+    except metadata.PackageNotFoundError:
+        files = []
+    origin = importlib.util.find_spec(module).origin
+    if origin is None or not any(Path(file.locate()).resolve() == Path(origin).resolve() for file in files):
+        owners = [owner for owner in metadata.packages_distributions().get(module.split(".")[0], [])
+                  if owner != distribution] or [str(origin)]
+        return f"the module {module} here comes from {', '.join(owners)}, not from {distribution}"
+    if bundles and not any(bundles in file.name for file in files):
+        return f"{distribution} here holds no {bundles}"
+    return None
 
 
 def not_installed(module: str, extra: str, detail: str = "") -> str:
@@ -77,7 +103,7 @@ def build(node: DictConfig, **runtime: Any) -> Any:
     """
     facts = node.get(FACTS) or {}
     if facts.get("module"):
-        optional_import(facts.module, facts.extra)
+        optional_import(facts.module, facts.extra, facts.get("distribution"), facts.get("bundles"))
     values = {key: node[key] for key in node if key not in (RANGES, FACTS)}  # resolved: may point outside node
     return instantiate(OmegaConf.create(values), _partial_=True)(**runtime)
 

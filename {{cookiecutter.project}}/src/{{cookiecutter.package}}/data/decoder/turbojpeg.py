@@ -19,6 +19,7 @@ import threading
 
 import numpy as np
 
+from ... import options
 from ...contracts import Box
 from . import CpuDecoder, dct_scale, scaled
 from .jpeg import cut_short, pil_size
@@ -40,8 +41,10 @@ class Scale(ctypes.Structure):
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """The libturbojpeg 3 that the `turbojpeg` wheel bundles, with the signatures of the calls made here."""
-    path = next(file for file in importlib.metadata.files("turbojpeg") if "libturbojpeg" in file.name)
+    """The libturbojpeg 3 that the `turbojpeg` wheel bundles (this option's facts name both, and building the decoder
+    checked they are here), with the signatures of the calls made here."""
+    facts = options.facts("decoder", __name__.rsplit(".", 1)[-1])
+    path = next(file for file in importlib.metadata.files(facts.distribution) if facts.bundles in file.name)
     lib = ctypes.CDLL(str(path.locate()))
     handle, data, size, status = ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
     lib.tj3Init.restype, lib.tj3Init.argtypes = handle, [status]
