@@ -3,6 +3,7 @@ files. The decoders come from conf/decoder/*.yaml, and what each needs from its 
 import importlib
 import io
 import random
+import re
 import resource
 import sys
 import time
@@ -14,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
 from PIL import Image
 from test_data import ALONE, CPU, loader
 
@@ -33,7 +36,7 @@ from {{ cookiecutter.package }}.data.loaders import check_fit
 from {{ cookiecutter.package }}.data.sources import imagenet
 from {{ cookiecutter.package }}.data.staging import no_staging
 
-from conftest import CONF, DEVICE, ODD_FILES, encoded, installed, on_this_machine, photo
+from conftest import CONF, DEVICE, ODD_FILES, encoded, error_line, installed, on_this_machine, photo, summary
 from zoo import ZOO, pillow_reads
 
 DECODERS = [name for name in options.options("decoder") if name != "none"]  # none: for format=tensor alone
@@ -207,14 +210,75 @@ def test_a_cpu_decoder_this_machine_cannot_install_is_refused_naming_the_fastest
     monkeypatch.setattr(options, "importable", lambda module: module != facts.module and importable(module))
     monkeypatch.setattr(config, "installs_here", lambda extra, environment=None: False)
     assert options.fastest_cpu_decoder() == left
-    with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
-        cfg = compose("train", [f"decoder={gone}"])
+    cfg = composed_as_run(monkeypatch, f"decoder={gone}")
     with pytest.raises(ConfigError) as refused:
         check_fit(cfg.format, cfg.staging, cfg.decoder, cfg.order)
     assert str(refused.value) == (
         f"decoder={gone}: {facts.module} is not installed, and pip cannot install it on this machine "
         f"({this_machine()}): pyproject.toml installs the extra [{facts.extra}] only where it has wheels; "
         f"or pick decoder={left}, the fastest CPU decoder installed here")
+
+
+def composed_as_run(monkeypatch, *overrides: str) -> DictConfig:
+    """The training config as `python -m ... train *overrides` has it, with Hydra's record of the run (what the
+    command line named), which is put back as it was after the test."""
+    with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3", job_name="train"):
+        cfg = compose("train", list(overrides), return_hydra_config=True)
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", HydraConfig.instance().cfg)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def test_the_default_decoder_where_it_cannot_run_gives_way_to_the_fastest_installed_one(monkeypatch, caplog):
+    """Where the default decoder cannot be installed (decoder=turbojpeg on Linux on Arm), a run that named no decoder
+    decodes with the fastest CPU decoder installed, and says so in one line; a run that named it is refused."""
+    default = options.default("decoder")
+    facts = options.facts("decoder", default)
+    if not facts.module:
+        pytest.skip(f"decoder={default}, the default, needs no package of its own")
+    importable = options.importable
+    monkeypatch.setattr(options, "importable", lambda module: module != facts.module and importable(module))
+    monkeypatch.setattr(config, "installs_here", lambda extra, environment=None: False)
+    missing, fastest = facts.missing(), options.fastest_cpu_decoder()
+    assert missing and fastest != default
+    cfg = composed_as_run(monkeypatch, "train.epochs=2")
+    check_fit(cfg.format, cfg.staging, cfg.decoder, cfg.order)
+    assert options.name_of("decoder", cfg.decoder) == fastest
+    assert type(build(cfg.decoder)).__module__.endswith(f".decoder.{fastest}")
+    assert [record.getMessage() for record in caplog.records if record.levelname == "WARNING"] == [
+        f"decoder={default}, the default, cannot run here ({missing}): decoding with decoder={fastest}, the fastest "
+        "CPU decoder installed here"]
+    cfg = composed_as_run(monkeypatch, f"decoder={default}")
+    with pytest.raises(ConfigError, match=re.escape(f"decoder={default}: {missing}; or pick decoder={fastest}, ")):
+        check_fit(cfg.format, cfg.staging, cfg.decoder, cfg.order)
+
+
+@pytest.mark.full
+def test_a_run_naming_no_decoder_trains_where_the_default_cannot_and_one_naming_it_stops_in_one_line(train_cli,
+                                                                                                   tmp_path):
+    """Another package's module of the default decoder's name first on the path, as PyTurboJPEG's `turbojpeg` is where
+    it is installed: the run decodes with the fastest CPU decoder installed, saying so once; named, the default is
+    refused in one line."""
+    default = options.default("decoder")
+    facts = options.facts("decoder", default)
+    if not facts.distribution:
+        pytest.skip(f"decoder={default}, the default, names no distribution that another package could shadow")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / f"{facts.module}.py").write_text("")
+    env = {"PYTHONPATH": str(tmp_path / "other")}
+    ran = train_cli(tmp_path / "run", env=env)
+    said = [line for line in (ran.stdout + ran.stderr).splitlines() if "the default, cannot run here" in line]
+    fastest = min((options.facts("decoder", name).decode_rank, name)
+                  for name in options.having("decoder", "decode_rank")
+                  if name != default and not options.facts("decoder", name).missing())[1]
+    assert len(said) == 1 and said[0].endswith(f"decoding with decoder={fastest}, the fastest CPU decoder installed "
+                                               "here"), said
+    assert summary(tmp_path / "run")["steps"] > 0
+    refused = train_cli(tmp_path / "named", f"decoder={default}", check=False, env=env)
+    assert refused.returncode != 0
+    assert error_line(refused.stderr).startswith(f"error: decoder={default}: {facts.distribution} is not installed (")
 
 
 @pytest.mark.parametrize("name", [name for name in DECODERS if "." in (options.facts("decoder", name).module or "")])

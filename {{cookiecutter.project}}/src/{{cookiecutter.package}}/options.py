@@ -33,6 +33,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .core.config import FACTS, not_from, not_installed
@@ -122,6 +123,17 @@ def default(group: str) -> str | None:
         if isinstance(entry, DictConfig) and group in entry:
             return entry[group]
     return None
+
+
+def picked_by_default(group: str) -> bool:
+    """Whether this run's option of `group` is train.yaml's default, which no one named: not on the command line
+    (`group=...`), not by a recipe. False outside a run Hydra started, where a config composed in code names its
+    choices."""
+    if not HydraConfig.initialized():
+        return False
+    run = HydraConfig.get()
+    named = any(override.split("=")[0] == group for override in run.overrides.task)
+    return not named and run.runtime.choices.get(group) == default(group)
 
 
 def fastest_cpu_decoder() -> str:

@@ -3,6 +3,7 @@ its own node, into training and validation batches that reach the step as normal
 
 The loop sees `Loaders` and nothing of which options were picked.
 """
+import logging
 import random
 import signal
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from functools import partial
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, Dataset
 
 from .. import options
@@ -26,6 +27,8 @@ from .images import Images, Splits, make_splits
 from .order import FULL_SHUFFLE
 from .sampling import EpochBatches, EpochSampler, Shard, agreed_layout
 from .workers import pick_num_workers, work_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -206,13 +209,26 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
 def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, order: DictConfig) -> None:
     """Refuse, in one line, a CPU decoder that is not installed (naming the fastest one that is), a decoder that
     does not fit what the format stores, a staging with nothing to copy and an order that reads runs of records
-    from a format that cannot."""
+    from a format that cannot.
+
+    A CPU decoder that is not installed and that no one picked (the default decoder=turbojpeg, where it has no wheel:
+    Linux on Arm) gives way instead, with one warning: `decoder` then holds the fastest CPU decoder installed here,
+    which the loader assembly builds."""
     stored, decoding = options.facts_of(format), options.facts_of(decoder)
     picked = {group: f"{group}={options.name_of(group, node)}"
               for group, node in (("format", format), ("staging", staging), ("decoder", decoder), ("order", order))}
-    if decoding.decode_rank and (missing := decoding.missing()):  # the default decoder=turbojpeg, where it has no wheel
-        raise ConfigError(f"{picked['decoder']}: {missing}; or pick decoder={options.fastest_cpu_decoder()}, "
-                          "the fastest CPU decoder installed here")
+    if decoding.decode_rank and (missing := decoding.missing()):
+        fastest = options.fastest_cpu_decoder()
+        if not options.picked_by_default("decoder"):
+            raise ConfigError(f"{picked['decoder']}: {missing}; or pick decoder={fastest}, the fastest CPU decoder "
+                              "installed here")
+        log.warning("%s, the default, cannot run here (%s): decoding with decoder=%s, the fastest CPU decoder "
+                    "installed here", picked["decoder"], missing, fastest)
+        with open_dict(decoder):
+            for key in list(decoder):
+                del decoder[key]
+            decoder.merge_with(OmegaConf.load(options.CONF / "decoder" / f"{fastest}.yaml"))
+        decoding = options.facts_of(decoder)
     if options.facts_of(order).in_runs and not stored.reads_runs:
         raise ConfigError(f"{picked['order']} reads runs of consecutive records at once, which {picked['format']} "
                           f"cannot: pick {' or '.join('format=' + name for name in options.having('format', 'reads_runs'))}"
