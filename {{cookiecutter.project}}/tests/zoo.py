@@ -23,8 +23,8 @@ def pillow_reads(data: bytes) -> np.ndarray | None:
     with whatever the project sets, which today is nothing: truncated files (ImageFile.LOAD_TRUNCATED_IMAGES) and images
     over twice Image.MAX_IMAGE_PIXELS (a decompression bomb) are refused."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # below the refusal, a warning only
+        with warnings.catch_warnings():  # what Pillow warns of (an image just below its size limit, corrupt EXIF)
+            warnings.simplefilter("ignore")  # is not its verdict
             return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     except DECODE_ERRORS:
         return None
