@@ -4,9 +4,6 @@ conf/, each skipped with its install command where its package is missing."""
 import numpy as np
 import pytest
 import torch
-from test_data import ALONE, loader
-from test_decoder import DECODERS, make_decoder, mean_difference
-from test_format import open_pack
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.contracts import Box, Crop
@@ -19,6 +16,9 @@ from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack
 
 from conftest import DEVICE, installed
+from test_data import ALONE, loader
+from test_decoder import DECODERS, make_decoder, mean_difference
+from test_format import open_pack
 from zoo import ZOO, pillow_reads, write_tree
 
 # Pillow warns of the zoo's broken EXIF segment, broken on purpose, wherever it decodes that file.
