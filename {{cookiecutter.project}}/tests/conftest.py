@@ -3,8 +3,10 @@ import atexit
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,9 +17,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from PIL import Image
 
-from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.failures import end_workers
-from {{ cookiecutter.package }}.core.hardware import Hardware
+# What the project keeps for later runs (worker counts, file indexes) goes to a folder of the session's own, not the
+# user's cache: set before the package is imported, and inherited by every command line the tests run.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="test-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
+
+from {{ cookiecutter.package }} import options  # noqa: E402 - after the cache folder is set
+from {{ cookiecutter.package }}.core.failures import end_workers  # noqa: E402
+from {{ cookiecutter.package }}.core.hardware import Hardware  # noqa: E402
 
 # A failing test's traceback can keep a loader's persistent workers alive to the end of the session; they ignore the
 # SIGTERM multiprocessing sends them at exit, which would then wait for them forever. Registered after
