@@ -13,7 +13,7 @@ from {{ cookiecutter.package }}.data.decoder import decoding
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.device import MEAN, STD, ToDevice
 from {{ cookiecutter.package }}.data.format import folder
-from {{ cookiecutter.package }}.data.format.folder import ImageFiles
+from {{ cookiecutter.package }}.data.format.folder import FileIndex, ImageFiles
 from {{ cookiecutter.package }}.data.images import Images, UnreadableImage, WrongDataSet, make_splits
 from {{ cookiecutter.package }}.data.loaders import make_loader
 from {{ cookiecutter.package }}.data.prefetcher import NoPrefetcher
@@ -69,7 +69,7 @@ def test_missing_or_empty_root_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"train/ lacks: \['dog'\]"):
         folder_splits(tmp_path)
     with pytest.raises(ConfigError, match="on_error"):
-        Images(ImageFiles([]), PilDecoder().transform(TrainCrop(32)), "ignore")
+        Images(ImageFiles(FileIndex.of(tmp_path, [], [])), PilDecoder().transform(TrainCrop(32)), "ignore")
 
 
 def augmented(seed: int, epochs: int = 2) -> list[torch.Tensor]:

@@ -8,6 +8,11 @@ from pathlib import Path
 from .config import ClearError
 
 
+def user_cache() -> Path:
+    """The folder this project keeps what it measured or listed in, for later runs: $XDG_CACHE_HOME/<package>."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "{{ cookiecutter.package }}"
+
+
 class WriteError(ClearError):
     """A run file could not be written (a full disk, say); the previous version is intact."""
 

@@ -1,22 +1,20 @@
 """`loader.num_workers=auto`: time a short sweep of worker counts once per machine and data set, keep the fastest."""
 import json
 import logging
-import os
 import platform
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import torch
 
 from ..contracts import Decoder
 from ..core.config import ConfigError
-from ..core.files import WriteError, write_atomic
+from ..core.files import WriteError, user_cache, write_atomic
 from ..core.hardware import cores_per_process, synchronize
 
 log = logging.getLogger(__name__)
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "{{ cookiecutter.package }}" / "num_workers.json"
+CACHE = user_cache() / "num_workers.json"
 WARMUP_BATCHES = 2  # worker start-up and first file reads, not counted
 # Batches a worker makes before it reuses its batch buffers (batch_memory.py), not counted where the data set allows:
 # a larger count would be timed at the first allocations' cost.

@@ -1,39 +1,69 @@
-"""`format=folder`: the JPEG tree as it is, root/{train,val}/<class>/*. Nothing to prepare; millions of small reads."""
+"""`format=folder`: the JPEG tree as it is, root/{train,val}/<class>/*. Nothing to prepare; millions of small reads.
+
+A split's listing is a `FileIndex`: three arrays (every file's path below the split folder, end to end in one byte
+string; where each ends; its label), not a Python object per file. A loader worker that reads an image's path then
+touches no object's reference count, so its memory does not grow toward a copy of the index as it reads: the
+DataLoader copy-on-write problem (pytorch/pytorch#13246), which a list of 1.28M paths costs each worker hundreds of
+MB of. Listing reads each class folder once with os.scandir; the index is kept in the user's cache and used again,
+by the next run, while the split folder and every class folder keep their modification times (a file added, removed
+or renamed changes its folder's).
+"""
+import hashlib
+import logging
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from ...contracts import Store, Stores
 from ...core.config import ConfigError
+from ...core.files import WriteError, user_cache, write_atomic
 
-IMAGE_SUFFIXES = {".jpeg", ".jpg", ".png"}
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+INDEX_VERSION = 1  # of the cached index's layout: another version is listed again
 
 
-def list_images(split_dir: Path, classes: list[str] | None = None) -> tuple[list[tuple[Path, int]], list[str]]:
-    """(path, label) for every image under split_dir/<class>/, labels in sorted class order."""
-    if not split_dir.is_dir():
-        raise ConfigError(f"{split_dir} is not a folder; data.root must hold train/<class>/ and val/<class>/")
-    found = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
-    if not found:
-        raise ConfigError(f"{split_dir} has no class folders; expected {split_dir}/<class>/*.JPEG")
-    classes = classes or found
-    if set(found) - set(classes):
-        raise ConfigError(f"{split_dir} has class folders that train/ lacks: {sorted(set(found) - set(classes))[:5]}")
-    present = set(found)  # val may lack some of train's classes
-    samples = [(path, label) for label, name in enumerate(classes) if name in present
-               for path in sorted((split_dir / name).iterdir()) if path.suffix.lower() in IMAGE_SUFFIXES]
-    if not samples:
-        raise ConfigError(f"{split_dir} holds no .JPEG, .jpg or .png files")
-    return samples, classes
+class FileIndex:
+    """The files of one split, as arrays: indexed like a list of their Paths, each made when it is asked for."""
+
+    def __init__(self, root: Path, names: np.ndarray, ends: np.ndarray, labels: np.ndarray):
+        self.root, self.names, self.ends, self.labels = root, names, ends, labels
+        self.base = os.fsencode(root) + b"/"
+
+    @classmethod
+    def of(cls, root: Path, files: list[bytes], labels: list[int]) -> "FileIndex":
+        """The index of `files` (each a path below `root`, as bytes), with their labels."""
+        ends = np.cumsum(np.fromiter(map(len, files), dtype=np.int64, count=len(files)))
+        names = np.frombuffer(b"".join(files), dtype=np.uint8)
+        return cls(root, names, ends, np.asarray(labels, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def path_bytes(self, index: int) -> bytes:
+        start = self.ends[index - 1] if index else 0
+        return self.base + self.names[start:self.ends[index]].tobytes()
+
+    def __getitem__(self, key: int | slice) -> Path | list[Path]:
+        if isinstance(key, slice):
+            return [self[index] for index in range(*key.indices(len(self)))]
+        return Path(os.fsdecode(self.path_bytes(key if key >= 0 else len(self) + key)))
+
+    def __iter__(self) -> Iterator[Path]:
+        return (self[index] for index in range(len(self)))
 
 
 class ImageFiles(Store):
-    def __init__(self, samples: list[tuple[Path, int]]):
-        super().__init__(np.array([label for _, label in samples], dtype=np.int64))
-        self.paths = [path for path, _ in samples]
+    def __init__(self, paths: FileIndex):
+        super().__init__(paths.labels)
+        self.paths = paths
 
     def payload(self, index: int) -> bytes:
-        return self.paths[index].read_bytes()
+        with open(self.paths.path_bytes(index), "rb") as file:
+            return file.read()
 
     def name(self, index: int) -> str:
         return str(self.paths[index])
@@ -42,9 +72,94 @@ class ImageFiles(Store):
         return [self.paths[index] for index in indices]
 
 
+def class_folders(split_dir: Path) -> list[str]:
+    if not split_dir.is_dir():
+        raise ConfigError(f"{split_dir} is not a folder; data.root must hold train/<class>/ and val/<class>/")
+    with os.scandir(split_dir) as entries:
+        found = sorted(entry.name for entry in entries if entry.is_dir())
+    if not found:
+        raise ConfigError(f"{split_dir} has no class folders; expected {split_dir}/<class>/*.JPEG")
+    return found
+
+
+def modified(split_dir: Path, classes: list[str], present: set[str]) -> np.ndarray:
+    """The modification times (ns) of the split folder and of each class folder, -1 for a class it lacks."""
+    classes_modified = (os.stat(split_dir / name).st_mtime_ns if name in present else -1 for name in classes)
+    return np.array([os.stat(split_dir).st_mtime_ns, *classes_modified], dtype=np.int64)
+
+
+def list_split(split_dir: Path, classes: list[str] | None = None) -> tuple[FileIndex, list[str]]:
+    """Every image under split_dir/<class>/ with its label (classes in sorted order, or `classes`' order), read from
+    the cached index where no folder changed since it was listed, else listed and cached."""
+    found = class_folders(split_dir)
+    classes = classes or found
+    if set(found) - set(classes):
+        raise ConfigError(f"{split_dir} has class folders that train/ lacks: {sorted(set(found) - set(classes))[:5]}")
+    present = set(found)  # val may lack some of train's classes
+    stamps = modified(split_dir, classes, present)
+    cache = index_cache(split_dir, classes)
+    index = cached(cache, split_dir, stamps)
+    if index is None:
+        index = listed(split_dir, classes, present)
+        keep(cache, index, stamps)
+    if not len(index):
+        raise ConfigError(f"{split_dir} holds no .JPEG, .jpg or .png files")
+    return index, classes
+
+
+def listed(split_dir: Path, classes: list[str], present: set[str]) -> FileIndex:
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        if name not in present:
+            continue
+        folder = os.fsencode(name) + b"/"
+        with os.scandir(split_dir / name) as entries:
+            names = sorted(entry.name for entry in entries
+                           if entry.name.lower().endswith(IMAGE_SUFFIXES) and entry.is_file())
+        files += [folder + os.fsencode(file) for file in names]
+        labels += [label] * len(names)
+    return FileIndex.of(split_dir, files, labels)
+
+
+def index_cache(split_dir: Path, classes: list[str]) -> Path:
+    """Where the index of `split_dir`, labelled by `classes`, is kept."""
+    key = hashlib.sha256("\n".join([str(split_dir.resolve()), *classes]).encode(errors="surrogateescape"))
+    return user_cache() / "index" / f"{key.hexdigest()[:24]}.npz"
+
+
+def cached(cache: Path, split_dir: Path, stamps: np.ndarray) -> FileIndex | None:
+    """The index kept at `cache`, if its folders' modification times are still `stamps`."""
+    try:
+        with np.load(cache, allow_pickle=False) as kept:
+            if int(kept["version"]) != INDEX_VERSION or not np.array_equal(kept["stamps"], stamps):
+                return None
+            index = FileIndex(split_dir, kept["names"], kept["ends"], kept["labels"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError) as err:  # a damaged or foreign file: listed again, and written over
+        log.warning("ignoring the unreadable index %s (%s); listing %s again", cache, err, split_dir)
+        return None
+    log.info("%s: %d files, from the index kept in %s", split_dir, len(index), cache)
+    return index
+
+
+def keep(cache: Path, index: FileIndex, stamps: np.ndarray) -> None:
+    """Write the index for the next run; a cache that cannot be written costs that run a listing, not this one."""
+    def write(path: Path) -> None:
+        with open(path, "wb") as file:
+            np.savez(file, version=INDEX_VERSION, stamps=stamps, names=index.names, ends=index.ends,
+                     labels=index.labels)
+
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cache, write)
+    except (OSError, WriteError) as err:
+        log.warning("could not keep the index of %s in %s (%s); the next run lists it again", index.root, cache, err)
+
+
 def open_tree(root: Path) -> tuple[ImageFiles, ImageFiles, list[str]]:
-    train, classes = list_images(root / "train")
-    val, _ = list_images(root / "val", classes)
+    train, classes = list_split(root / "train")
+    val, _ = list_split(root / "val", classes)
     return ImageFiles(train), ImageFiles(val), classes
 
 
