@@ -94,7 +94,10 @@ def test_a_report_of_several_processes_gives_each_shares_range_and_every_epochs_
                "skipped_files": 0, "verdict": "Rank 1 on host b holds the others back.", "advice": [],
                "processes": 2, "timing_rank": 1, "epoch_start_ms": [900.0, 35.0],
                "ranks": [{"rank": 0, "host": "a", "data_frac": 0.03, "host_frac": 0.0},
-                         {"rank": 1, "host": "b", "data_frac": 0.41, "host_frac": 0.01}]}
+                         {"rank": 1, "host": "b", "data_frac": 0.41, "host_frac": 0.01}],
+               "setup": {"total_s": 21.9, "data_s": 16.6, "workers_s": 3.1, "first_batch_s": 0.9}}
     text = format_report(summary)
     assert "ranks        data wait 3-41% (highest: rank 1 on b), host 0-1% (highest: rank 1 on b)" in text
     assert "epoch start  900 / 35 ms to each epoch's first batch" in text
+    assert ("setup        21.9 s before the first step: 16.6 s opening the data (listing it, or reading its kept "
+            "index), 3.1 s picking the loader's workers; its first batch 0.9 s after") in text

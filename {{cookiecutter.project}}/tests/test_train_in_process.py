@@ -57,6 +57,8 @@ def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_
         summary["advice"])
     assert all(line.endswith(f"({suggestion['fact']}).")
                for line, suggestion in zip(summary["advice"], summary["suggestions"]))
+    setup = summary["setup"]  # before the first step, by stage, and the first batch after it
+    assert 0 < setup["data_s"] + setup["workers_s"] <= setup["total_s"] and setup["first_batch_s"] > 0
 
 
 def test_a_run_in_blocks_trains_every_step_and_keeps_the_layout_its_epoch_was_drawn_for(train_in_process):

@@ -169,7 +169,8 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
     failures.worker_deaths_surface_in_next()
     began = time.perf_counter()
     run = make_run(cfg, run_dir, world, forensics)
-    run.logger.scalars({"time/setup_s": time.perf_counter() - began}, run.step)  # data, model, compile, workers=auto
+    run.setup = {"total_s": time.perf_counter() - began, **run.loaders.setup}  # data, workers=auto, model, compile
+    run.logger.scalars({"time/setup_s": run.setup["total_s"]}, run.step)
     try:
         with forensics.watching(run.stop):
             top1, top5 = run_epochs(run, cfg.train.epochs)

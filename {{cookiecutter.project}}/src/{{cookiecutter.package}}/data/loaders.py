@@ -6,6 +6,7 @@ The loop sees `Loaders` and nothing of which options were picked.
 import logging
 import random
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -37,6 +38,7 @@ class Loaders:
     val: Prefetcher
     num_workers: int  # as given, or as loader.num_workers=auto measured it
     splits: Splits
+    setup: dict[str, float]  # seconds opening the data (listing it, or reading a kept index), then picking workers
 
     @property
     def classes(self) -> list[str]:
@@ -171,8 +173,10 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     """Build each option from its node and put them together, with the `faults` this process injects. Options
     that cannot work together are refused first, from what their facts say."""
     check_fit(format, staging, decoder, order)
+    started = time.perf_counter()
     source = build(data)
     stores = build(format, source=source, stage=build(staging, world=world))
+    opened = time.perf_counter()
     visiting = build(order)
     stores = replace(stores, train=visiting.reads(stores.train))
     chosen = build(decoder)
@@ -190,6 +194,7 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
                                                                   "persistent_workers": False}),
                                      world.device, non_blocking),
         decodes_beside=chosen.ahead > 0, device=world.device)
+    picked = time.perf_counter()
     layout = agreed_layout(world, settings["num_workers"], batch_size, {
         "the number of training images": len(splits.train), "the number of validation images": len(splits.val),
         "the seed": seed, "the batch size": batch_size,
@@ -203,7 +208,8 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     val = make_loader(splits.val, batch_size, False, seed, world, collate=splits.val.times.timed(chosen.collate),
                       **settings)
     train, val = (build(prefetcher, to_device=to_device, loader=loader) for loader in (train, val))
-    return Loaders(train, val, settings["num_workers"], splits)
+    return Loaders(train, val, settings["num_workers"], splits,
+                   setup={"data_s": opened - started, "workers_s": picked - opened})
 
 
 def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, order: DictConfig) -> None:

@@ -66,6 +66,13 @@ def spread(ranks: list[dict], share: str) -> str:
             f"{top['host']})")
 
 
+def setup_line(setup: dict[str, float]) -> str:
+    first = f"; its first batch {setup['first_batch_s']:.1f} s after" if "first_batch_s" in setup else ""
+    return (f"setup        {setup['total_s']:.1f} s before the first step: {setup['data_s']:.1f} s opening the data "
+            f"(listing it, or reading its kept index), {setup['workers_s']:.1f} s picking the loader's workers"
+            f"{first}")
+
+
 def format_report(summary: dict) -> str:
     system = "  ".join(f"{tag.removeprefix('sys/')} {value:.1f}" for tag, value in summary["system"].items())
     processes = summary.get("processes", 1)
@@ -85,6 +92,7 @@ def format_report(summary: dict) -> str:
           if processes > 1 else []),
         *([f"epoch start  {' / '.join(f'{ms:.0f}' for ms in summary['epoch_start_ms'])} ms to each epoch's first batch"]
           if summary.get("epoch_start_ms") else []),
+        *([setup_line(summary["setup"])] if summary.get("setup") else []),
         f"validation   top-1 {summary['val_top1']:.1f}%  top-5 {summary['val_top5']:.1f}%",
         f"skipped      {summary['skipped_files']} unreadable files",
         f"verdict      {summary['verdict']}",
@@ -94,6 +102,14 @@ def format_report(summary: dict) -> str:
         *(f"  - {held['key']}={held['value']}: {held['why']} ({held['fact']})." for held in summary.get("withheld", [])),
     ]
     return "\n".join(lines)
+
+
+def setup_record(run: Run) -> dict[str, float]:
+    """This run's seconds before its first step, by stage, and from its first epoch's start to its first batch (the
+    loader workers starting and decoding it)."""
+    started = [window for window, _ in run.windows[run.resumed_windows:] if window.epoch_starts]
+    first_batch = {"first_batch_s": started[0].epoch_start_s / started[0].epoch_starts} if started else {}
+    return {**run.setup, **first_batch}
 
 
 def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, hydra_cfg: DictConfig) -> dict:
@@ -120,6 +136,6 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, hydra_cfg: Di
             "ranks": [times.record() for times in ranks],
             "epoch_start_ms": [1000 * window.epoch_start_s / window.epoch_starts for window, _ in run.windows
                                if window.epoch_starts],
-            "coverage": run.coverage.epochs,
+            "coverage": run.coverage.epochs, "setup": setup_record(run),
             "choices": choices, "overrides": list(hydra_cfg.overrides.task), "system": system,
             "env": environment(run.device)}

@@ -47,6 +47,8 @@ class Run:
     step: int = 0
     images_in_epoch: int = 0  # images of the current epoch all processes together trained on
     windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
+    resumed_windows: int = 0  # of `windows`, those of the run this one resumed
+    setup: dict[str, float] = field(default_factory=dict)  # this run's seconds before its first step, by stage
     identity: dict = field(default_factory=dict)  # what a checkpoint of this run holds: model and classes
     records: list[EpochRecord | None] = field(default_factory=list)  # every process's, at the last window
     updating: bool = False  # inside update(): the weights may be ahead of the step count
@@ -114,6 +116,7 @@ class Run:
         self.loaders.splits.load_unreadable_state(state.get("unreadable", {}))
         self.coverage.load_state_dict(state.get("coverage", {}))
         self.windows = [(Window(**window), system) for window, system in state.get("windows", [])]
+        self.resumed_windows = len(self.windows)
 
 
 def keep_progress(run: Run, err: BaseException) -> None:
