@@ -3,6 +3,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,16 +12,23 @@ import pytest
 import torch
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.tools.bench import timed_decoders
+from {{ cookiecutter.package }}.data.format import META
+from {{ cookiecutter.package }}.data.format.folder import open_tree
+from {{ cookiecutter.package }}.data.sources import Source
+from {{ cookiecutter.package }}.tools.bench import stores_for, timed_decoders
+from {{ cookiecutter.package }}.tools.pack import pack_path, tree_key
 
 from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line
 
 FASTEST = options.fastest_cpu_decoder()  # of those installed here
 CPU_DECODERS = list(dict.fromkeys(["pil", "opencv", FASTEST]))
+PACKED = next((name for name in options.having("format", "packed") if not options.facts("format", name).missing()),
+              None)
 
-pytestmark = pytest.mark.full  # subprocesses, torchrun or the clock: make test-full
+FULL = pytest.mark.full  # subprocesses, torchrun or the clock: make test-full
 
 
+@FULL
 def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp_path):
     """Through the command line, so that it must also exit: litdata's loader keeps its workers, which ignore SIGTERM."""
     result = subprocess.run(
@@ -64,6 +72,7 @@ def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp
     assert "baseline" in result.stdout + result.stderr and (tmp_path / "packs").is_dir()
 
 
+@FULL
 def test_a_staged_row_is_read_from_a_fresh_copy_in_ram_with_its_copy_seconds_and_leaves_none_behind(tiny_root, tmp_path):
     result = run_bench(tmp_path, tiny_root, "bench.formats=[folder,lmdb,litdata]", f"bench.decoders=[{FASTEST}]",
                        "bench.stagings=[none,tmpfs]", "bench.num_workers=[1]", "bench.probe_storage=false",
@@ -80,6 +89,7 @@ def test_a_staged_row_is_read_from_a_fresh_copy_in_ram_with_its_copy_seconds_and
     assert not list(Path("/dev/shm").glob(f"{PACKAGE}-bench-*")), "the copies are removed at the end"
 
 
+@FULL
 def test_a_batch_larger_than_the_data_set_is_one_line(tiny_root, tmp_path):
     result = run_bench(tmp_path, tiny_root, "bench.num_workers=[0]", "bench.batch_size=64", "bench.probe_storage=false")
     assert result.returncode == 1
@@ -87,6 +97,7 @@ def test_a_batch_larger_than_the_data_set_is_one_line(tiny_root, tmp_path):
                                          f"{tiny_root}: pass a smaller bench.batch_size"), result.stderr[-2000:]
 
 
+@FULL
 def test_bench_on_a_tree_of_ones_own_writes_its_packs_in_the_cache_without_being_told_where(tiny_root, tmp_path):
     """data=imagenet has no cache folder of its own: the packs go where tune's do."""
     result = subprocess.run(
@@ -96,7 +107,7 @@ def test_bench_on_a_tree_of_ones_own_writes_its_packs_in_the_cache_without_being
         cwd=PROJECT, capture_output=True, text=True, timeout=300,
         env={**os.environ, **QUIET, "XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "cache" / PACKAGE / "packs" / f"{tiny_root.name}-lmdb").is_dir()
+    assert pack_path(tmp_path / "cache" / PACKAGE / "packs", tree_key(tiny_root), "lmdb", None).is_dir()
 
 
 def run_bench(tmp_path, root, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -107,6 +118,7 @@ def run_bench(tmp_path, root, *overrides: str, env: dict | None = None) -> subpr
         cwd=PROJECT, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET, **(env or {})})
 
 
+@FULL
 def test_bench_runs_each_row_at_the_count_auto_picks_for_it_beside_references_of_every_core(tiny_root, tmp_path):
     """bench.num_workers=[auto], with a cache of its own: each row is timed at the count the sweep picks, which tries
     no workers only for a decoder that decodes beside the training process, and says the count; the references
@@ -139,6 +151,7 @@ def test_bench_runs_each_row_at_the_count_auto_picks_for_it_beside_references_of
     assert len(json.loads((tmp_path / "cache" / PACKAGE / "num_workers.json").read_text())) == 2 * len(decoders)
 
 
+@FULL
 def test_worker_counts_that_are_not_a_list_of_counts_or_auto_are_one_line(tiny_root, tmp_path):
     for value, line in (("[two]", "bench.num_workers='two': pass a count (0 = load in the training process) or auto"),
                         ("auto", "bench.num_workers=auto: pass a list, such as [auto] or [2,4]")):
@@ -147,6 +160,7 @@ def test_worker_counts_that_are_not_a_list_of_counts_or_auto_are_one_line(tiny_r
         assert error_line(result.stderr) == f"error: {line}", result.stderr[-2000:]
 
 
+@FULL
 def test_bench_skips_and_counts_unreadable_files_in_every_row_the_ceiling_included(tree_with_bad_files, tmp_path):
     """A zero-byte, a truncated and a text file among 11: each batch of 11 holds every image, so every row meets all
     three, as training would, and says so."""
@@ -161,6 +175,7 @@ def test_bench_skips_and_counts_unreadable_files_in_every_row_the_ceiling_includ
     assert {row["unreadable"] for row in decoded} == {"3"}, [(row["decoder"], row["unreadable"]) for row in decoded]
 
 
+@FULL
 def test_bench_over_a_data_set_past_the_bad_fraction_ends_in_the_line_training_gives(tiny_root, tmp_path):
     import shutil
 
@@ -172,3 +187,27 @@ def test_bench_over_a_data_set_past_the_bad_fraction_ends_in_the_line_training_g
     assert error_line(result.stderr).startswith("error: 11 of the 24 training images are unreadable, more than "
                                                 "data.max_bad_fraction=0.01 allows (10): is this the data set you "
                                                 "meant?"), result.stderr[-2000:]
+
+
+@pytest.mark.skipif(PACKED is None, reason="no packed format is installed here")
+def test_a_pack_is_keyed_by_its_trees_index_and_read_again_while_that_is_unchanged(tiny_root, tmp_path):
+    """Two data sets in folders of the same name, one image apart, get a pack each, each holding its own images; the
+    unchanged one reads its pack again rather than writing it twice. An image rewritten at another size changes the
+    key too."""
+    trees = [shutil.copytree(tiny_root, tmp_path / where / tiny_root.name) for where in ("a", "b")]
+    next((trees[1] / "train").rglob("*.JPEG")).unlink()
+    pack_dir = tmp_path / "packs"
+
+    def train_split(tree):
+        return stores_for(PACKED, Source(tree, 32, 36, "skip"), pack_dir, tree_key(tree), TENSOR_SHORT_SIDE).train
+
+    assert [len(train_split(tree)) for tree in trees] == [len(open_tree(tree)[0]) for tree in trees]
+    packs = sorted(pack_dir.iterdir())
+    assert len(packs) == 2 and all(pack.name.startswith(f"{tiny_root.name}-") for pack in packs), packs
+    written = [(pack / META).stat().st_mtime_ns for pack in packs]
+    assert len(train_split(trees[0])) == len(open_tree(trees[0])[0])
+    assert sorted(pack_dir.iterdir()) == packs and [(pack / META).stat().st_mtime_ns for pack in packs] == written
+    before = tree_key(trees[0])
+    image = next((trees[0] / "train").rglob("*.JPEG"))
+    image.write_bytes(image.read_bytes() + b"\0")
+    assert tree_key(trees[0]) != before

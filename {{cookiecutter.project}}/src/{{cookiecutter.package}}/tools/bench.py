@@ -26,7 +26,7 @@ from ..data.sources import Source
 from ..data.staging import no_staging
 from ..data.workers import check_worker_count, pick_num_workers, work_of
 from .ceilings import CEILING_FILES, Ceilings, cores_for, shares
-from .pack import pack
+from .pack import pack, pack_path, tree_key
 from .staged import counted, stagings, timed_staging
 from .storage_probe import storage_rows
 
@@ -136,20 +136,22 @@ def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: i
     return timed.rate, sum(dataset.bad)
 
 
-def format_node(format: str, source: Source, pack_dir: Path, short_side: int) -> DictConfig:
-    """`format`'s config, pointing at its pack of the source tree, written on first use."""
+def format_node(format: str, source: Source, pack_dir: Path, key: str, short_side: int) -> DictConfig:
+    """`format`'s config, pointing at its pack of the source tree, whose `tree_key` is `key`, written on first use."""
     node, facts = OmegaConf.load(options.CONF / "format" / f"{format}.yaml"), options.facts("format", format)
     if facts.packed:
-        node["path"] = str(pack_dir / f"{source.root.name}-{format}")
+        side = short_side if facts.holds_pixels else None
+        node["path"] = str(pack_path(pack_dir, key, format, side))
         if not Path(node["path"]).exists():
-            pack(source.root, format, Path(node["path"]), short_side if facts.holds_pixels else None, 90,
-                 os.cpu_count() or 1, False, "skip")
+            log.info("format=%s: packing %s into %s, read again by every bench of this tree", format, source.root,
+                     node["path"])
+            pack(source.root, format, Path(node["path"]), side, 90, os.cpu_count() or 1, False, "skip")
     return node
 
 
-def stores_for(format: str, source: Source, pack_dir: Path, short_side: int) -> Stores:
+def stores_for(format: str, source: Source, pack_dir: Path, key: str, short_side: int) -> Stores:
     """The training split in `format`, packed from the source tree on first use."""
-    return build(format_node(format, source, pack_dir, short_side), source=source, stage=no_staging)
+    return build(format_node(format, source, pack_dir, key, short_side), source=source, stage=no_staging)
 
 
 def orders_for(format: str, names: list[str]) -> dict[str, Order]:
@@ -202,10 +204,11 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     fallback = options.fastest_cpu_decoder()
     references = Ceilings(source.root, cpu_decoders or {fallback: make_decoder(fallback, settings.batch_size, device, {})},
                           source.crop_size)
-    rows, pack_dir = [], Path(settings.pack_dir).expanduser()
+    rows, pack_dir, key = [], Path(settings.pack_dir).expanduser(), tree_key(source.root)
     with stagings(list(settings.stagings)) as stages:
-        staged = {(format, name): timed_staging(partial(build, format_node(format, source, pack_dir, settings.short_side),
-                                                        source=source), stage, copies)
+        staged = {(format, name): timed_staging(partial(build, format_node(format, source, pack_dir, key,
+                                                                           settings.short_side), source=source),
+                                                stage, copies)
                   for format in settings.formats for name, (stage, copies) in stages.items()
                   if not (copies and options.facts("format", format).streams)}  # it streams: nothing to copy
         for workers in settings.num_workers:  # a count, or auto: each row at the count training's auto picks for it
@@ -274,7 +277,8 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
         row["note"] = "; ".join(filter(None, [row["note"], f"on {device.type}"]))
     if settings.probe_storage:
         readers = sorted({1, *(cores_for(n) if n == "auto" else max(1, n) for n in settings.num_workers)})
-        probed = {format: stores_for(format, source, pack_dir, settings.short_side).train for format in settings.formats}
+        probed = {format: stores_for(format, source, pack_dir, key, settings.short_side).train
+                  for format in settings.formats}
         rows += storage_rows(probed, readers, {count: references.full.rate * cores_for(count) for count in readers})
     with (run_dir / "bench.csv").open("w", newline="") as file:
         writer = csv.DictWriter(file, COLUMNS, extrasaction="ignore")

@@ -1,6 +1,7 @@
 """Packing a JPEG tree into a format, behind `python -m <package>.pack`: conversion in worker processes, the
 writer in a child, and nothing half-written left looking valid."""
 import functools
+import hashlib
 import importlib
 import inspect
 import io
@@ -31,6 +32,26 @@ from ..data.format import META, SPLITS
 from ..data.format.folder import open_tree
 
 log = logging.getLogger(__name__)
+
+
+def tree_key(root: Path) -> str:
+    """What names the packs of the tree at `root` in bench.pack_dir and tune.pack_dir: its folder's name and a digest
+    of its index, every image's path under `root` with its size. Another data set of the same folder name, or this
+    one with images added, removed, renamed or rewritten at another size, gets packs of its own. The absolute path
+    is left out on purpose: the same tree seen through another path (a mount of it, as scripts/slowdisk.py makes)
+    finds the packs written from the original."""
+    train, val, _ = open_tree(root)
+    index = hashlib.sha1()
+    for path in (*train.paths, *val.paths):
+        index.update(f"{path.relative_to(root)}\0{path.stat().st_size}\n".encode())
+    return f"{root.name}-{index.hexdigest()[:8]}"
+
+
+def pack_path(pack_dir: Path, key: str, format: str, short_side: int | None) -> Path:
+    """Where the pack of the tree whose `tree_key` is `key` goes in `pack_dir`; a pack of pixels (`short_side`) is
+    one per side."""
+    return pack_dir / "-".join([key, format, *([str(short_side)] if short_side else [])])
+
 
 def shorter_side_to(image: np.ndarray, short_side: int) -> np.ndarray:
     """The image shrunk so that its shorter side is `short_side`; a smaller one as it is: enlarging adds no detail."""

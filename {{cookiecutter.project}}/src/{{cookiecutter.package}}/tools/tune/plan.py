@@ -2,7 +2,6 @@
 by side of the step (data, host, compute), the sides by what they can gain. Also decoding once, offline: the
 pack it offers a data-bound run reading JPEGs from a folder."""
 import functools
-import hashlib
 import os
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from ...data.crops import TrainCrop
 from ...data.format import META
 from ...data.format.folder import open_tree
 from ...diagnosis.verdict import SIDES, faster_precision
-from ..pack import Convert, pack
+from ..pack import Convert, pack, pack_path, tree_key
 from ..trials import Ranks
 
 SAMPLE = 16  # images converted to time a pack before building it
@@ -30,9 +29,8 @@ class PackOffer:
 
     def __init__(self, root: Path, crop_size: int, pack_dir: str, on_error: str):
         self.root, self.side, self.on_error = root, TrainCrop(crop_size).full_detail_side(), on_error
-        digest = hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:8]
         self.format = options.having("format", "holds_pixels")[0]
-        self.path = Path(pack_dir).expanduser() / f"{root.name}-{digest}-{self.format}-{self.side}"
+        self.path = pack_path(Path(pack_dir).expanduser(), tree_key(root), self.format, self.side)
         self.change = {"format": self.format, "decoder": options.having("decoder", "takes_pixels")[0],
                        "format.path": str(self.path)}
         self.command = (f"python -m {options.PACKAGE}.pack data.root={root} format={self.format} "
