@@ -1,5 +1,9 @@
 """bench's storage probe: read rates from the data set's own storage, cold, and the side that limits the loader.
-The slow disk is scripts/slowdisk.py; the fast storage is this machine's."""
+The slow disk is scripts/slowdisk.py; the fast storage is this machine's; RAM is a tmpfs the test mounts."""
+import shutil
+
+import pytest
+
 from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.tools.storage_probe import drop_cached, storage_rows
 
@@ -36,3 +40,14 @@ def test_dropping_the_cache_is_checked_where_the_file_system_can_tell(tiny_root,
         files[-1].write_bytes(source.read_bytes())
     state = drop_cached(files)
     assert state.startswith("cold"), state
+
+
+def test_a_data_set_on_tmpfs_is_read_warm_never_cold(tiny_root, small_disk):
+    """tmpfs holds its files in RAM: dropping their pages does nothing, and a read that must not wait may be refused
+    there, which read as a file system that cannot confirm the drop."""
+    disk = small_disk(16)
+    if disk is None:
+        pytest.skip("mounting a tmpfs is refused here: mount -t tmpfs needs root or CAP_SYS_ADMIN")
+    root = shutil.copytree(tiny_root, disk / "tree")
+    state = probe_folder(root, [1], 80.0)[1]["page_cache"]
+    assert state.startswith("warm") and "tmpfs" in state, state

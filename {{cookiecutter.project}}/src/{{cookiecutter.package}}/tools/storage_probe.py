@@ -4,10 +4,12 @@ storage or decoding limits the loader.
 For each format: random reads of whole images the way training reads them (the format's store, in 1 and in N
 worker processes), and the sequential rate of its largest file. Cold where the OS lets this process drop the
 files' cached pages (posix_fadvise DONTNEED), verified with a read that must not wait (RWF_NOWAIT); marked warm
-otherwise. A read rate below the decode ceiling at the same worker count means storage limits the loader.
+otherwise, and always on a file system that holds its files in RAM (tmpfs, ramfs). A read rate below the decode
+ceiling at the same worker count means storage limits the loader.
 """
 import os
 import random
+import re
 import time
 from pathlib import Path
 
@@ -35,11 +37,39 @@ class Payloads(Dataset):
         return len(payload) if isinstance(payload, bytes) else int(payload.nbytes)
 
 
+RAM_FILE_SYSTEMS = {"tmpfs", "ramfs"}  # their files are their pages: nothing to drop, no read from a disk
+
+
+def file_systems(files: list[Path]) -> set[str]:
+    """The types of the file systems that hold `files`, by the longest mount point above each in /proc/mounts (the
+    last mounted where two share one); empty where the OS has no /proc/mounts."""
+    try:
+        table = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return set()
+    mounts = {}
+    for fields in (line.split() for line in table):
+        if len(fields) >= 3:  # device, mount point, type, options...
+            # /proc/mounts writes a space in a mount point as \040 (a tab as \011, and so on).
+            mounts[re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), fields[1])] = fields[2]
+    found = set()
+    for real in {os.path.realpath(file) for file in files}:
+        point = max((point for point in mounts if real == point or real.startswith(point.rstrip("/") + "/")),
+                    key=len, default=None)
+        if point is not None:
+            found.add(mounts[point])
+    return found
+
+
 def drop_cached(files: list[Path]) -> str:
     """Ask the OS to forget the files' cached pages; say whether the first one is now cold, checked by a read
     that fails rather than wait for the disk."""
     if not files:
         return "warm: not in local files"
+    # Checked first: dropping a tmpfs file's pages does nothing, and a read that must not wait is refused there on
+    # some kernels, which would read as a file system that cannot confirm the drop.
+    if in_ram := sorted(file_systems(files) & RAM_FILE_SYSTEMS):
+        return f"warm: on {' and '.join(in_ram)}, which holds its files in RAM"
     if not hasattr(os, "posix_fadvise"):
         return "warm: this OS cannot drop a file's cached pages"
     for file in files:
