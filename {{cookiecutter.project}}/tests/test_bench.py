@@ -1,5 +1,6 @@
 """The loader benchmark: one row per configuration plus the ceiling and baseline references, a CSV and a chart."""
 import csv
+import errno
 import json
 import os
 import re
@@ -10,12 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }}.core import failures
 from {{ cookiecutter.package }}.data.format import META
 from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.data.sources import Source
-from {{ cookiecutter.package }}.tools.bench import stores_for, timed_decoders
+from {{ cookiecutter.package }}.tools import storage_probe
+from {{ cookiecutter.package }}.tools.bench import bench, stores_for, timed_decoders
 from {{ cookiecutter.package }}.tools.pack import pack_path, tree_key
 
 from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line
@@ -211,3 +215,34 @@ def test_a_pack_is_keyed_by_its_trees_index_and_read_again_while_that_is_unchang
     image = next((trees[0] / "train").rglob("*.JPEG"))
     image.write_bytes(image.read_bytes() + b"\0")
     assert tree_key(trees[0]) != before
+
+
+def test_a_failing_storage_probe_is_one_line_and_leaves_every_row_measured_before_it(tiny_root, tmp_path, monkeypatch):
+    """bench.csv is written as rows finish: an error in the probe's second read (of two: 2 readers, then 1) leaves
+    the references, the loader's row and the probe's first row on disk, nothing half-written, and ends in one line."""
+    read_rate, reads = storage_probe.read_rate, []
+
+    def failing_second(*args):
+        reads.append(args)
+        if len(reads) == 2:
+            raise OSError(errno.EIO, "Input/output error")
+        return read_rate(*args)
+
+    monkeypatch.setattr(storage_probe, "read_rate", failing_second)
+    with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
+        cfg = compose("bench", ["data=imagenet", f"data.root={tiny_root}", "data.crop_size=32", "bench.formats=[folder]",
+                                f"bench.decoders=[{FASTEST}]", "bench.num_workers=[2]", "bench.batch_size=4",
+                                "bench.timed_epochs=1", f"bench.pack_dir={tmp_path / 'packs'}"])
+    with pytest.raises(SystemExit) as exited:
+        failures.one_line(lambda: bench(cfg, tmp_path))
+    line = str(exited.value.code)
+    assert line.startswith("error: the storage probe failed on format=folder (OSError: [Errno 5] Input/output "
+                           "error)") and "\n" not in line, line
+    with (tmp_path / "bench.csv").open() as file:
+        written = list(csv.DictReader(file))
+    assert [(row["decoder"], row["format"], row["num_workers"]) for row in written] == [
+        ("ceiling", "memory", "2"), ("baseline", "folder", "2"), ("region ceiling", "memory", "2"),
+        (FASTEST, "folder", "2"), ("storage", "folder", "2")]
+    assert float(written[3]["images_per_s"]) > 0 and float(written[3]["vs_ceiling"]) > 0
+    assert f"the {len(written)} rows measured before it are in {tmp_path / 'bench.csv'}" in line
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".bench.csv")] == []

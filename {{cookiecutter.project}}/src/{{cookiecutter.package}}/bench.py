@@ -15,7 +15,8 @@ The references, on the same files and worker count:
 - region ceiling: the same for decoding only what each training crop keeps (decoders whose facts say
   `region_decode`), at the DCT scale the crop allows: what a loader that decodes regions cannot pass;
 - baseline: pytorch/examples' recipe, ImageFolder + PIL + RandomResizedCrop + ToTensor + Normalize in float32.
-Writes bench.csv and bench.png into the run folder.
+Writes bench.csv into the run folder as rows finish, so that a failure keeps every row measured before it,
+and bench.png at the end.
 """
 import logging
 import os

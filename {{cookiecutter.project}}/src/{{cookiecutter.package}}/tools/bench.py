@@ -15,9 +15,10 @@ from torch.utils.data import DataLoader
 
 from .. import options
 from ..contracts import Decoder, Order, Stores
-from ..core.config import ConfigError, build, optional_import
+from ..core import failures
+from ..core.config import ClearError, ConfigError, build, optional_import
 from ..core.distributed import ALONE
-from ..core.files import bytes_in
+from ..core.files import bytes_in, write_atomic
 from ..core.hardware import synchronize
 from ..data.decoder import DECODE_ERRORS, CpuDecoder
 from ..data.images import REPLACEMENTS, WrongDataSet, make_splits
@@ -182,6 +183,38 @@ def chart(rows: list[dict], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+class BenchCsv:
+    """bench.csv, written whole again each time rows finish, under a temporary name and then renamed, so that a
+    failure leaves every row measured before it and never a half-written file. The loader rows and references come
+    with their shares of the references' passes timed so far, the storage probe's rows after them."""
+
+    def __init__(self, path: Path, cache: str, device: torch.device):
+        self.path, self.cache, self.device = path, cache, device
+        self.measured: list[dict] = []  # the references keep their Ceiling until the rows are given (shares)
+        self.probed: list[dict] = []
+
+    def rows(self) -> list[dict]:
+        return [{**row, "note": "; ".join(filter(None, [row["note"], f"on {self.device.type}"]))}
+                for row in shares(self.measured, self.cache)] + self.probed
+
+    def add(self, rows: list[dict], probed: bool = False) -> None:
+        (self.probed if probed else self.measured).extend(rows)
+        self.save()
+
+    def save(self) -> None:
+        def write(temporary: Path) -> None:
+            with temporary.open("w", newline="") as file:
+                writer = csv.DictWriter(file, COLUMNS, extrasaction="ignore")
+                writer.writeheader()
+                writer.writerows({column: round(value, 2) if isinstance(value, float) else value
+                                  for column, value in row.items()} for row in self.rows())
+        write_atomic(self.path, write)
+
+
+class ProbeFailed(ClearError):
+    """The storage probe failed; the rows measured before it are in bench.csv."""
+
+
 def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     source = build(cfg.data)
     if source.root is None:
@@ -204,7 +237,8 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     fallback = options.fastest_cpu_decoder()
     references = Ceilings(source.root, cpu_decoders or {fallback: make_decoder(fallback, settings.batch_size, device, {})},
                           source.crop_size)
-    rows, pack_dir, key = [], Path(settings.pack_dir).expanduser(), tree_key(source.root)
+    written = BenchCsv(run_dir / "bench.csv", cache, device)
+    pack_dir, key = Path(settings.pack_dir).expanduser(), tree_key(source.root)
     with stagings(list(settings.stagings)) as stages:
         staged = {(format, name): timed_staging(partial(build, format_node(format, source, pack_dir, key,
                                                                            settings.short_side), source=source),
@@ -217,20 +251,20 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
             baseline_workers = cores if workers == "auto" else workers  # a worker per core, as its users pass -j
             baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size,
                                                    baseline_workers, settings.timed_epochs, device)
-            rows += [{"decoder": "ceiling", "format": "memory", "workers": workers, "num_workers": workers,
-                      "ceiling": references.full,
-                      "note": f"{references.full.decoder} full decode, 1 process x {cores} cores, "
-                              f"unreadable files of the {CEILING_FILES} first skipped"},
-                     {"decoder": "baseline", "format": "folder", "workers": workers,
-                      "num_workers": baseline_workers,
-                      "images_per_s": baseline_rate, "reference": True, "unreadable": baseline_bad,
-                      "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped" +
-                              ("; a worker per core" if workers == "auto" else "")},
-                     {"decoder": "region ceiling", "format": "memory", "workers": workers, "num_workers": workers,
-                      "ceiling": references.region,
-                      "note": f"{references.region.decoder} decodes the training crop's region only, 1 process x "
-                              f"{cores} cores, files in memory" if references.region
-                      else "not run: no decoder here decodes a region"}]
+            written.add([{"decoder": "ceiling", "format": "memory", "workers": workers, "num_workers": workers,
+                          "ceiling": references.full,
+                          "note": f"{references.full.decoder} full decode, 1 process x {cores} cores, "
+                                  f"unreadable files of the {CEILING_FILES} first skipped"},
+                         {"decoder": "baseline", "format": "folder", "workers": workers,
+                          "num_workers": baseline_workers,
+                          "images_per_s": baseline_rate, "reference": True, "unreadable": baseline_bad,
+                          "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped" +
+                                  ("; a worker per core" if workers == "auto" else "")},
+                         {"decoder": "region ceiling", "format": "memory", "workers": workers, "num_workers": workers,
+                          "ceiling": references.region,
+                          "note": f"{references.region.decoder} decodes the training crop's region only, 1 process x "
+                                  f"{cores} cores, files in memory" if references.region
+                          else "not run: no decoder here decodes a region"}])
             for (format, staging), (stores, staging_s) in staged.items():
                 holds_pixels = options.facts("format", format).holds_pixels
                 for order_name, order in orders_for(format, settings.orders).items():
@@ -254,37 +288,42 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                         references.measure()
                         loader = loader_with(count, persistent=True)
                         timed = time_epochs(loader, settings.timed_epochs, uploads, device, loader.set_epoch)
-                        rows.append({"decoder": name, "format": format, "order": order_name, "staging": staging,
-                                     "workers": workers, "num_workers": count, "images_per_s": timed.rate,
-                                     "staging_s": staging_s, "first_batch_s": timed.epoch_start_s,
-                                     "unreadable": int(splits.train.bad_flags().sum()),
-                                     "note": "; ".join(filter(None, [decoder.settings,
-                                                                     f"num_workers=auto: {count}"
-                                                                     if workers == "auto" else "",
-                                                                     "pre-decoded pixels" if holds_pixels else "",
-                                                                     f"epoch start {timed.epoch_start_s:.2f} s",
-                                                                     counted(staging_s, len(splits.train), timed.rate,
-                                                                             settings.timed_epochs)]))})
+                        written.add([{"decoder": name, "format": format, "order": order_name, "staging": staging,
+                                      "workers": workers, "num_workers": count, "images_per_s": timed.rate,
+                                      "staging_s": staging_s, "first_batch_s": timed.epoch_start_s,
+                                      "unreadable": int(splits.train.bad_flags().sum()),
+                                      "note": "; ".join(filter(None, [decoder.settings,
+                                                                      f"num_workers=auto: {count}"
+                                                                      if workers == "auto" else "",
+                                                                      "pre-decoded pixels" if holds_pixels else "",
+                                                                      f"epoch start {timed.epoch_start_s:.2f} s",
+                                                                      counted(staging_s, len(splits.train), timed.rate,
+                                                                              settings.timed_epochs)]))}])
                         log.info("%s / %s / order=%s / staging=%s / %d workers: %.0f images/s", name, format,
                                  order_name, staging, count, timed.rate)
                 if not holds_pixels:
-                    rows += [{"decoder": name, "format": format, "staging": staging, "workers": workers,
-                              "num_workers": workers, "images_per_s": 0.0, "unreadable": "", "note": f"not run: {reason}"}
-                             for name, reason in unable.items()]
+                    written.add([{"decoder": name, "format": format, "staging": staging, "workers": workers,
+                                  "num_workers": workers, "images_per_s": 0.0, "unreadable": "",
+                                  "note": f"not run: {reason}"} for name, reason in unable.items()])
     references.measure()
-    shares(rows, cache)
-    for row in rows:
-        row["note"] = "; ".join(filter(None, [row["note"], f"on {device.type}"]))
+    written.save()  # with the last pass of the references
     if settings.probe_storage:
         readers = sorted({1, *(cores_for(n) if n == "auto" else max(1, n) for n in settings.num_workers)})
-        probed = {format: stores_for(format, source, pack_dir, key, settings.short_side).train
-                  for format in settings.formats}
-        rows += storage_rows(probed, readers, {count: references.full.rate * cores_for(count) for count in readers})
-    with (run_dir / "bench.csv").open("w", newline="") as file:
-        writer = csv.DictWriter(file, COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows({column: round(value, 2) if isinstance(value, float) else value
-                          for column, value in row.items()} for row in rows)
+        ceilings = {count: references.full.rate * cores_for(count) for count in readers}
+        for format in settings.formats:
+            try:
+                store = stores_for(format, source, pack_dir, key, settings.short_side).train
+                for row in storage_rows({format: store}, readers, ceilings):
+                    written.add([row], probed=True)
+            except Exception as err:  # noqa: BLE001 - whatever failed in it, the user's way on is the same
+                # The probe is a measurement beside the rows, which are on disk already: one line, and the
+                # traceback in the run's log.
+                said = failures.worker_message(str(err)).splitlines()
+                why = said[0][:300] if said else "no message"
+                raise ProbeFailed(f"the storage probe failed on format={format} ({type(err).__name__}: {why}); the "
+                                  f"{len(written.measured) + len(written.probed)} rows measured before it are in "
+                                  f"{written.path}; bench.probe_storage=false leaves the probe out") from err
+    rows = written.rows()
     chart(rows, run_dir / "bench.png")
     return rows
 

@@ -115,20 +115,24 @@ def cores_for(workers: int | str) -> int:
     return cores if workers == "auto" else max(1, min(workers, cores))
 
 
-def shares(rows: list[dict], cache: str) -> None:
-    """The references' rates, once every pass of the ceilings is timed, and each row as a share of those of its
-    bench.num_workers entry (`workers`: a count, or auto)."""
-    for row in rows:
+def shares(rows: list[dict], cache: str) -> list[dict]:
+    """The rows as bench gives them: the references' rates over every pass of the ceilings timed so far, and each
+    row as a share of those of its bench.num_workers entry (`workers`: a count, or auto). `rows` are left as they
+    are, their references holding their `Ceiling`, so that passes timed later count when they are given again."""
+    given = []
+    for row in map(dict, rows):
         if "ceiling" in row:
             ceiling: Ceiling | None = row.pop("ceiling")
             row.update(reference=True, images_per_s=ceiling.rate * cores_for(row["workers"]) if ceiling else 0.0,
                        unreadable=ceiling.unreadable if ceiling else "",
                        note="; ".join(filter(None, [row["note"], ceiling.spread() if ceiling else ""])))
-    for row in rows:
-        full, baseline_row, region = (next(reference for reference in rows if reference["decoder"] == name and
+        given.append(row)
+    for row in given:
+        full, baseline_row, region = (next(reference for reference in given if reference["decoder"] == name and
                                            reference["workers"] == row["workers"])
                                       for name in ("ceiling", "baseline", "region ceiling"))
         row["vs_baseline"] = row["images_per_s"] / baseline_row["images_per_s"]
         row["vs_ceiling"] = row["images_per_s"] / full["images_per_s"]
         row["vs_region_ceiling"] = row["images_per_s"] / region["images_per_s"] if region["images_per_s"] else ""
         row["page_cache"] = cache
+    return given

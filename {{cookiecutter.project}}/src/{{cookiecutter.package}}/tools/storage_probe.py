@@ -11,6 +11,7 @@ import os
 import random
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from torch.utils.data import DataLoader, Dataset
@@ -117,11 +118,10 @@ def sequential_mb_s(files: list[Path]) -> tuple[float, str]:
     return read / 1e6 / max(time.perf_counter() - start, 1e-9), f"{largest.name}, {read / 1e6:.1f} MB"
 
 
-def storage_rows(stores: dict[str, Store], readers: list[int], ceilings: dict[int, float]) -> list[dict]:
-    """bench rows for each format's training store: random reads at each reader count, with the side that limits
-    a loader of as many workers, whose full-decode ceiling is `ceilings[workers]`, and the sequential rate of the
-    largest file the reads touch."""
-    rows = []
+def storage_rows(stores: dict[str, Store], readers: list[int], ceilings: dict[int, float]) -> Iterator[dict]:
+    """bench rows for each format's training store, each as soon as it is measured: random reads at each reader
+    count, with the side that limits a loader of as many workers, whose full-decode ceiling is `ceilings[workers]`,
+    and the sequential rate of the largest file the reads touch."""
     for format, store in stores.items():
         indices = random.Random(0).sample(range(len(store)), min(PROBE_READS, len(store)))
         files = store.files(indices)
@@ -136,11 +136,10 @@ def storage_rows(stores: dict[str, Store], readers: list[int], ceilings: dict[in
             limit = (f"storage limits a {count}-worker loader: {rate:.0f} reads/s < {ceiling:.0f} decodes/s"
                      if rate < ceiling else f"decoding limits a {count}-worker loader: {ceiling:.0f} decodes/s <= "
                      f"{rate:.0f} reads/s")
-            rows.append({"decoder": "storage", "format": format, "num_workers": count, "images_per_s": rate,
-                         "vs_ceiling": rate / ceiling, "read_mb_s": mb_s, "sequential_mb_s": sequential,
-                         "page_cache": cache, "reference": True, "unreadable": "",
-                         "limit": "storage" if rate < ceiling else "decode", "first_batch_s": opening,
-                         "note": f"random whole-image reads as format={format} reads them, after a first batch per "
-                                 f"reader in {opening:.2f} s (start, opening); {limit}; sequential: the largest file "
-                                 f"({which})"})
-    return rows
+            yield {"decoder": "storage", "format": format, "num_workers": count, "images_per_s": rate,
+                   "vs_ceiling": rate / ceiling, "read_mb_s": mb_s, "sequential_mb_s": sequential,
+                   "page_cache": cache, "reference": True, "unreadable": "",
+                   "limit": "storage" if rate < ceiling else "decode", "first_batch_s": opening,
+                   "note": f"random whole-image reads as format={format} reads them, after a first batch per "
+                           f"reader in {opening:.2f} s (start, opening); {limit}; sequential: the largest file "
+                           f"({which})"}
