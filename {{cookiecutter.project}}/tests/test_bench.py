@@ -19,7 +19,7 @@ from {{ cookiecutter.package }}.data.format import META
 from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.data.sources import Source
 from {{ cookiecutter.package }}.tools import storage_probe
-from {{ cookiecutter.package }}.tools.bench import bench, stores_for, timed_decoders
+from {{ cookiecutter.package }}.tools.bench import bench, stores_for, timed_decoders, training_decoder
 from {{ cookiecutter.package }}.tools.pack import pack_path, tree_key
 
 from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line
@@ -217,6 +217,13 @@ def test_a_pack_is_keyed_by_its_trees_index_and_read_again_while_that_is_unchang
     assert tree_key(trees[0]) != before
 
 
+def compose_bench(root, tmp_path, *overrides: str):
+    with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
+        return compose("bench", ["data=imagenet", f"data.root={root}", "data.crop_size=32", "bench.formats=[folder]",
+                                 "bench.batch_size=4", "bench.timed_epochs=1", f"bench.pack_dir={tmp_path / 'packs'}",
+                                 *overrides])
+
+
 def test_a_failing_storage_probe_is_one_line_and_leaves_every_row_measured_before_it(tiny_root, tmp_path, monkeypatch):
     """bench.csv is written as rows finish: an error in the probe's second read (of two: 2 readers, then 1) leaves
     the references, the loader's row and the probe's first row on disk, nothing half-written, and ends in one line."""
@@ -229,10 +236,7 @@ def test_a_failing_storage_probe_is_one_line_and_leaves_every_row_measured_befor
         return read_rate(*args)
 
     monkeypatch.setattr(storage_probe, "read_rate", failing_second)
-    with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
-        cfg = compose("bench", ["data=imagenet", f"data.root={tiny_root}", "data.crop_size=32", "bench.formats=[folder]",
-                                f"bench.decoders=[{FASTEST}]", "bench.num_workers=[2]", "bench.batch_size=4",
-                                "bench.timed_epochs=1", f"bench.pack_dir={tmp_path / 'packs'}"])
+    cfg = compose_bench(tiny_root, tmp_path, f"bench.decoders=[{FASTEST}]", "bench.num_workers=[2]")
     with pytest.raises(SystemExit) as exited:
         failures.one_line(lambda: bench(cfg, tmp_path))
     line = str(exited.value.code)
@@ -246,3 +250,18 @@ def test_a_failing_storage_probe_is_one_line_and_leaves_every_row_measured_befor
     assert float(written[3]["images_per_s"]) > 0 and float(written[3]["vs_ceiling"]) > 0
     assert f"the {len(written)} rows measured before it are in {tmp_path / 'bench.csv'}" in line
     assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".bench.csv")] == []
+
+
+@pytest.mark.skipif(not options.facts("decoder", training_decoder()).region_decode,
+                    reason=f"decoder={training_decoder()}, which training uses here, decodes whole images")
+def test_the_probe_compares_reads_with_the_region_ceiling_where_trainings_decoder_decodes_regions(tiny_root, tmp_path):
+    """The default decoder decodes only the crop's region: a loader of it could go as fast as the region ceiling, so
+    storage limits it wherever reads are slower than that, not slower than decoding whole images."""
+    rows = bench(compose_bench(tiny_root, tmp_path, f"bench.decoders=[{training_decoder()}]", "bench.num_workers=[0]"),
+                 tmp_path)
+    full, region, storage = (next(row for row in rows if row["decoder"] == name)
+                             for name in ("ceiling", "region ceiling", "storage"))
+    assert region["images_per_s"] > 0 and region["images_per_s"] != full["images_per_s"]
+    assert storage["vs_region_ceiling"] == pytest.approx(storage["images_per_s"] / region["images_per_s"])
+    assert storage["limit"] == ("storage" if storage["images_per_s"] < region["images_per_s"] else "decode")
+    assert "region decodes/s" in storage["note"], storage["note"]

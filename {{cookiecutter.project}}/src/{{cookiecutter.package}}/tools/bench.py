@@ -26,7 +26,7 @@ from ..data.loaders import training_loader
 from ..data.sources import Source
 from ..data.staging import no_staging
 from ..data.workers import check_worker_count, pick_num_workers, work_of
-from .ceilings import CEILING_FILES, Ceilings, cores_for, shares
+from .ceilings import CEILING_FILES, Ceiling, Ceilings, cores_for, shares
 from .pack import pack, pack_path, tree_key
 from .staged import counted, stagings, timed_staging
 from .storage_probe import storage_rows
@@ -183,6 +183,27 @@ def chart(rows: list[dict], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+def training_decoder() -> str:
+    """The decoder a training run here decodes with when none is named: the default, or the fastest CPU decoder
+    installed where the default is not (as the loader assembly's check_fit does)."""
+    default = options.default("decoder")
+    return options.fastest_cpu_decoder() if options.facts("decoder", default).missing() else default
+
+
+def probe_ceiling(references: Ceilings) -> tuple[Ceiling, bool]:
+    """What the storage probe compares reads with, and whether it is the region-decode ceiling: that one where the
+    decoder training uses here decodes only the crop's region (its facts say region_decode) and bench measured a
+    region ceiling, the full-decode one otherwise."""
+    decoder = training_decoder()
+    regional = options.facts("decoder", decoder).region_decode
+    if regional and references.region is None:
+        log.warning("decoder=%s, which training uses here, decodes regions, and bench.decoders has no decoder that "
+                    "does: the storage probe compares reads with the full-decode ceiling", decoder)
+    if regional and references.region is not None:
+        return references.region, True
+    return references.full, False
+
+
 class BenchCsv:
     """bench.csv, written whole again each time rows finish, under a temporary name and then renamed, so that a
     failure leaves every row measured before it and never a half-written file. The loader rows and references come
@@ -309,11 +330,12 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     written.save()  # with the last pass of the references
     if settings.probe_storage:
         readers = sorted({1, *(cores_for(n) if n == "auto" else max(1, n) for n in settings.num_workers)})
-        ceilings = {count: references.full.rate * cores_for(count) for count in readers}
+        ceiling, region = probe_ceiling(references)
+        ceilings = {count: ceiling.rate * cores_for(count) for count in readers}
         for format in settings.formats:
             try:
                 store = stores_for(format, source, pack_dir, key, settings.short_side).train
-                for row in storage_rows({format: store}, readers, ceilings):
+                for row in storage_rows({format: store}, readers, ceilings, region):
                     written.add([row], probed=True)
             except Exception as err:  # noqa: BLE001 - whatever failed in it, the user's way on is the same
                 # The probe is a measurement beside the rows, which are on disk already: one line, and the

@@ -5,7 +5,8 @@ For each format: random reads of whole images the way training reads them (the f
 worker processes), and the sequential rate of its largest file. Cold where the OS lets this process drop the
 files' cached pages (posix_fadvise DONTNEED), verified with a read that must not wait (RWF_NOWAIT); marked warm
 otherwise, and always on a file system that holds its files in RAM (tmpfs, ramfs). A read rate below the decode
-ceiling at the same worker count means storage limits the loader.
+ceiling at the same worker count means storage limits the loader: the region-decode ceiling for a decoder that
+decodes only the crop's region, the full-decode one otherwise.
 """
 import os
 import random
@@ -118,10 +119,13 @@ def sequential_mb_s(files: list[Path]) -> tuple[float, str]:
     return read / 1e6 / max(time.perf_counter() - start, 1e-9), f"{largest.name}, {read / 1e6:.1f} MB"
 
 
-def storage_rows(stores: dict[str, Store], readers: list[int], ceilings: dict[int, float]) -> Iterator[dict]:
+def storage_rows(stores: dict[str, Store], readers: list[int], ceilings: dict[int, float],
+                 region: bool = False) -> Iterator[dict]:
     """bench rows for each format's training store, each as soon as it is measured: random reads at each reader
-    count, with the side that limits a loader of as many workers, whose full-decode ceiling is `ceilings[workers]`,
-    and the sequential rate of the largest file the reads touch."""
+    count, with the side that limits a loader of as many workers, whose decoder's ceiling is `ceilings[workers]`
+    (the region-decode one where `region`, else the full-decode one), and the sequential rate of the largest file
+    the reads touch."""
+    decodes, share = ("region decodes/s", "vs_region_ceiling") if region else ("full decodes/s", "vs_ceiling")
     for format, store in stores.items():
         indices = random.Random(0).sample(range(len(store)), min(PROBE_READS, len(store)))
         files = store.files(indices)
@@ -133,11 +137,11 @@ def storage_rows(stores: dict[str, Store], readers: list[int], ceilings: dict[in
             cache = drop_cached(files)
             rate, mb_s, opening = read_rate(store, indices, count)
             ceiling = ceilings[count]
-            limit = (f"storage limits a {count}-worker loader: {rate:.0f} reads/s < {ceiling:.0f} decodes/s"
-                     if rate < ceiling else f"decoding limits a {count}-worker loader: {ceiling:.0f} decodes/s <= "
+            limit = (f"storage limits a {count}-worker loader: {rate:.0f} reads/s < {ceiling:.0f} {decodes}"
+                     if rate < ceiling else f"decoding limits a {count}-worker loader: {ceiling:.0f} {decodes} <= "
                      f"{rate:.0f} reads/s")
             yield {"decoder": "storage", "format": format, "num_workers": count, "images_per_s": rate,
-                   "vs_ceiling": rate / ceiling, "read_mb_s": mb_s, "sequential_mb_s": sequential,
+                   share: rate / ceiling, "read_mb_s": mb_s, "sequential_mb_s": sequential,
                    "page_cache": cache, "reference": True, "unreadable": "",
                    "limit": "storage" if rate < ceiling else "decode", "first_batch_s": opening,
                    "note": f"random whole-image reads as format={format} reads them, after a first batch per "
