@@ -1,10 +1,12 @@
 """The system figures each logging window records: CPU load, iowait, disk reads, the CPU the loader's workers
-used, and the GPU's load through NVML."""
+used, where they and the training process spend their time, and the GPU's load through NVML."""
 import time
 
 import pytest
 import torch
 
+from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
+from {{ cookiecutter.package }}.data.device import ToDevice
 from {{ cookiecutter.package }}.data.images import Images, ReadTimes
 from {{ cookiecutter.package }}.diagnosis.sysmon import SystemMonitor
 
@@ -51,6 +53,36 @@ def test_the_loader_times_tell_reading_from_decoding(read_s, transform_s):
     assert values["loader/decode_ms"] == pytest.approx(1000 * transform_s, rel=0.5, abs=1.0)
     assert (values["loader/read_share"] > 50) == (read_s > transform_s)
     assert monitor.sample()["loader/read_share"] == 0.0  # nothing loaded since: no figure carried over
+
+
+class SlowUpload(PilDecoder):
+    """A decoder whose upload takes `upload_s` a batch, as a batch decoder's, which decodes the batch there."""
+
+    def __init__(self, upload_s: float):
+        self.upload_s = upload_s
+
+    def upload(self, images, device: torch.device, non_blocking: bool) -> torch.Tensor:
+        time.sleep(self.upload_s)
+        return super().upload(images, device, non_blocking)
+
+
+def arriving(batches: int, wait_s: float):
+    """Collated uint8 batches, each `wait_s` after the one before, as from workers that cannot keep up."""
+    for _ in range(batches):
+        time.sleep(wait_s)
+        yield torch.zeros(2, 8, 8, 3, dtype=torch.uint8), torch.tensor([0, 1])
+
+
+@pytest.mark.parametrize(("upload_s", "wait_s"), [(0.03, 0.0), (0.0, 0.03)])
+def test_the_upload_times_tell_the_devices_decoding_from_waiting_for_the_loader(upload_s, wait_s):
+    cpu = torch.device("cpu")
+    to_device = ToDevice(SlowUpload(upload_s), cpu, non_blocking=False)
+    monitor = SystemMonitor(cpu, ReadTimes(), upload_times=to_device.times)
+    assert len(list(to_device.stream(arriving(4, wait_s)))) == 4
+    values = monitor.sample()
+    assert values["loader/upload_ms"] >= 1000 * upload_s  # a sleep is never shorter
+    assert (values["loader/upload_share"] > 50) == (upload_s > wait_s), values
+    assert monitor.sample()["loader/upload_share"] == 0.0  # nothing uploaded since: no figure carried over
 
 
 def slow_collate(samples: list) -> list:

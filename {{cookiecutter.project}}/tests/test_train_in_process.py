@@ -52,6 +52,7 @@ def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_
     assert json.loads(json.dumps(summary)) == json.loads((train_in_process.run_dir / "summary.json").read_text())
     assert (train_in_process.run_dir / "last.pt").is_file() and any((train_in_process.run_dir / "tb").iterdir())
     assert summary["bound"] in ("data", "compute") and summary["images_per_s"] > 0
+    assert {"loader/read_share", "loader/upload_share"} <= set(summary["system"])  # the workers' and the uploads'
     assert Hardware.from_record(summary["hardware"]) == probe(torch.device(summary["hardware"]["device"]))
     assert [suggestion["key"] for suggestion in summary["suggestions"]] and len(summary["suggestions"]) == len(
         summary["advice"])

@@ -72,7 +72,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
     run = Run(model=model, optimizer=optimizer, scheduler=scheduler,
               criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing), precision=precision,
               loaders=loaders, clock=make_clock(device, cfg.train.host_split),
-              sysmon=SystemMonitor(device, loaders.splits.train.times, injected.nvml_fails_after),
+              sysmon=SystemMonitor(device, loaders.splits.train.times, injected.nvml_fails_after, loaders.upload_times),
               logger=build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
               profiler=build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
               checkpoints=Checkpoints(run_dir, writes), stop=StopRequest(), forensics=forensics, world=world,

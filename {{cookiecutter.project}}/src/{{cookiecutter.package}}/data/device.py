@@ -1,4 +1,7 @@
-"""The device's side of every batch: upload (where a batch decoder decodes), normalise, lay out."""
+"""The device's side of every batch: upload (where a batch decoder decodes), normalise, lay out; and how long the
+training process took over it, beside how long it waited for the loader's batch."""
+import threading
+import time
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -9,6 +12,53 @@ MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
+class UploadTimes:
+    """Where the training process (or a prefetcher's thread) spends the time it takes to get each batch to the
+    device: waiting for the loader's next batch, or uploading it, which for a batch decoder is decoding it (on the
+    device, or on the CPU in its on_cpu mode). `sample()` gives per-batch figures since its previous call."""
+    FIGURES = ("loader/upload_ms", "loader/upload_share")
+
+    def __init__(self):
+        self.lock = threading.Lock()  # a prefetcher's thread adds while the training thread samples
+        self.totals = (0.0, 0.0, 0)  # seconds waiting, seconds uploading, batches
+        self.last = self.totals
+
+    def add(self, waiting_s: float, uploading_s: float) -> None:
+        with self.lock:
+            waiting, uploading, batches = self.totals
+            self.totals = (waiting + waiting_s, uploading + uploading_s, batches + 1)
+
+    def sample(self) -> dict[str, float]:
+        """`loader/upload_ms` a batch, and `loader/upload_share`, the percentage of the time to get a batch spent
+        uploading it rather than waiting for it; zeros when no batch was uploaded since the last call."""
+        with self.lock:
+            now = self.totals
+        waiting, uploading, batches = (new - old for new, old in zip(now, self.last))
+        self.last = now
+        return {"loader/upload_ms": 1000 * uploading / max(batches, 1),
+                "loader/upload_share": 100 * uploading / (waiting + uploading) if batches else 0.0}
+
+
+class Waited:
+    """An iterable's items, counting the seconds spent waiting for them; the iterator is made at the first item, so
+    that a loader starting its workers there counts as waiting too."""
+
+    def __init__(self, items: Iterable):
+        self.items, self.iterator, self.seconds = items, None, 0.0
+
+    def __iter__(self) -> "Waited":
+        return self
+
+    def __next__(self):
+        start = time.perf_counter()
+        try:
+            if self.iterator is None:
+                self.iterator = iter(self.items)
+            return next(self.iterator)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
 class ToDevice:
     """A collated batch -> (normalised float images, labels) on the device; prefetchers choose when and where."""
 
@@ -17,12 +67,23 @@ class ToDevice:
         self.decoder, self.device, self.non_blocking, self.memory_format = decoder, device, non_blocking, memory_format
         self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
         self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+        self.times = UploadTimes()
 
     def __call__(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         return next(self.stream([batch]))
 
     def stream(self, batches: Iterable) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Each batch of `batches` on the device, in order; the decoder may work on the next meanwhile."""
-        for images, labels in self.decoder.uploads(batches, self.device, self.non_blocking):
+        waited = Waited(batches)
+        uploads = self.decoder.uploads(waited, self.device, self.non_blocking)
+        while True:
+            start, waited_before = time.perf_counter(), waited.seconds
+            try:
+                images, labels = next(uploads)
+            except StopIteration:
+                return
             images = images.float().sub_(self.mean).div_(self.std).contiguous(memory_format=self.memory_format)
-            yield images, labels.to(self.device, non_blocking=self.non_blocking)
+            labels = labels.to(self.device, non_blocking=self.non_blocking)
+            waiting = waited.seconds - waited_before
+            self.times.add(waiting, time.perf_counter() - start - waiting)
+            yield images, labels

@@ -23,7 +23,7 @@ from ..core.distributed import World
 from ..core.faults import Faults, FaultyReads
 from .batch_memory import lend_batches
 from .coverage import EpochTrace
-from .device import ToDevice
+from .device import ToDevice, UploadTimes
 from .images import Images, Splits, make_splits
 from .order import FULL_SHUFFLE
 from .sampling import EpochBatches, EpochSampler, Shard, agreed_layout
@@ -38,6 +38,7 @@ class Loaders:
     val: Prefetcher
     num_workers: int  # as given, or as loader.num_workers=auto measured it
     splits: Splits
+    upload_times: UploadTimes  # the training batches': waiting for the loader, and uploading (a batch decoder decodes)
     setup: dict[str, float]  # seconds opening the data (listing it, or reading a kept index), then picking workers
 
     @property
@@ -202,13 +203,15 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     if faults.unagreed_workers >= 0:  # this process draws its order as if every process had its own worker count
         settings["num_workers"] = faults.unagreed_workers
         layout = Layout(world.size, faults.unagreed_workers, batch_size)
-    to_device = ToDevice(chosen, world.device, non_blocking, memory_format)
     train = training_loader(stores, splits.train, batch_size, seed, world, splits.train.times.timed(chosen.collate),
                             visiting, layout, **settings)
     val = make_loader(splits.val, batch_size, False, seed, world, collate=splits.val.times.timed(chosen.collate),
                       **settings)
-    train, val = (build(prefetcher, to_device=to_device, loader=loader) for loader in (train, val))
-    return Loaders(train, val, settings["num_workers"], splits,
+    # A ToDevice each, so that the training batches' upload times leave out validation's.
+    to_device, val_to_device = (ToDevice(chosen, world.device, non_blocking, memory_format) for _ in range(2))
+    train = build(prefetcher, to_device=to_device, loader=train)
+    val = build(prefetcher, to_device=val_to_device, loader=val)
+    return Loaders(train, val, settings["num_workers"], splits, to_device.times,
                    setup={"data_s": opened - started, "workers_s": picked - opened})
 
 

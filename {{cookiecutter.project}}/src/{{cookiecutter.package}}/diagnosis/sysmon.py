@@ -1,5 +1,5 @@
 """The htop/iostat/nvidia-smi checks, sampled once per logging window: CPU load, iowait, disk reads, GPU load,
-and the CPU the loader's workers used."""
+the CPU the loader's workers used, where they spent each image and where the training process spent each batch."""
 import logging
 import os
 import time
@@ -8,6 +8,7 @@ import psutil
 import torch
 
 from ..core.faults import FailingNvml
+from ..data.device import UploadTimes
 from ..data.images import ReadTimes
 
 log = logging.getLogger(__name__)
@@ -32,16 +33,19 @@ def _children_cpu_s() -> float:
 
 
 class SystemMonitor:
-    """Each `sample()` returns averages since the previous call (or since construction), with `sys/` tags, and
-    `loader_times`'s figures (where the loader's workers spend each image): those of `FIGURES` it could read.
+    """Each `sample()` returns averages since the previous call (or since construction), with `sys/` tags,
+    `loader_times`'s figures (where the loader's workers spend each image) and `upload_times`'s, where given (where
+    the training process spends each batch: waiting for it, or uploading and, with a batch decoder, decoding it):
+    those of `FIGURES` it could read.
 
     `nvml_fails_after` (faults.nvml_fails_after): NVML answers that many windows, then fails, as on a node of a
     container job whose driver went away; on a machine without a GPU a stand-in reads 0% until then."""
     FIGURES = ("sys/cpu_util", "sys/iowait", "sys/disk_read_mb_s", "sys/loader_cpu", "sys/gpu_util",
-               *ReadTimes.FIGURES)  # every figure a sample can hold, in the order the report gathers them
+               *ReadTimes.FIGURES, *UploadTimes.FIGURES)  # every figure a sample can hold, in the report's order
 
-    def __init__(self, device: torch.device, loader_times: ReadTimes, nvml_fails_after: int = -1):
-        self.device, self.loader_times = device, loader_times
+    def __init__(self, device: torch.device, loader_times: ReadTimes, nvml_fails_after: int = -1,
+                 upload_times: UploadTimes | None = None):
+        self.device, self.loader_times, self.upload_times = device, loader_times, upload_times
         psutil.cpu_percent(None)  # psutil measures from the previous call; this is the first
         psutil.cpu_times_percent(None)
         self.cores = os.cpu_count() or 1
@@ -74,4 +78,4 @@ class SystemMonitor:
         if self.read_gpu_util is not None:
             values |= self._gpu_util()
         self.last_time, self.last_read, self.last_children = now, read, children
-        return {**values, **self.loader_times.sample()}
+        return {**values, **self.loader_times.sample(), **(self.upload_times.sample() if self.upload_times else {})}
