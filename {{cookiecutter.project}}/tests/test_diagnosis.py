@@ -201,6 +201,48 @@ def test_workers_busy_decoding_get_the_decode_verdict_and_no_storage_advice(mach
     assert {"loader.num_workers", "decoder"} & {suggestion.key for suggestion in diagnosis.suggestions}
 
 
+# With a batch decoder (facts: gpu) the workers only read the bytes and walk the headers: their read share is about
+# 90% even from the page cache. Where the time goes is the training process's own figure (data.device.UploadTimes):
+# decoding each batch on the device, or waiting for the workers' batch.
+DECODING_ON_THE_DEVICE = {"sys/cpu_util": 30.0, "sys/iowait": 0.0, "sys/loader_cpu": 5.0, "loader/read_ms": 0.3,
+                          "loader/decode_ms": 0.03, "loader/read_share": 91.0, "loader/upload_ms": 42.0,
+                          "loader/upload_share": 88.0}
+WAITING_FOR_THE_WORKERS = {**DECODING_ON_THE_DEVICE, "loader/upload_ms": 3.0, "loader/upload_share": 12.0}
+BATCH_DECODERS = [name for name in options.options("decoder") if options.facts("decoder", name).gpu]
+
+
+@pytest.mark.parametrize("decoder", BATCH_DECODERS)
+def test_a_run_waiting_on_the_devices_decoding_is_not_told_to_stage_pack_or_add_workers(decoder):
+    batch = settings(num_workers=2, choices={"decoder": decoder, "format": "folder", "staging": "none"})
+    diagnosis = diagnose(window(0.4), DECODING_ON_THE_DEVICE, SM90, batch)
+    assert diagnosis.bound == "data" and "waiting on storage" not in diagnosis.verdict
+    assert "The training process was decoding" in diagnosis.verdict and "88% of the time" in diagnosis.verdict
+    assert not {"staging", "format", "order", "loader.num_workers", "loader.prefetch_factor"} & {
+        suggestion.key for suggestion in diagnosis.suggestions}, diagnosis.advice
+    decoders = [suggestion for suggestion in diagnosis.suggestions if suggestion.key == "decoder"]
+    assert all("42.0 ms a batch" in suggestion.fact for suggestion in decoders)
+    assert f"decoder={options.fastest_cpu_decoder()}" in switches(diagnosis)  # the CPU is 30% busy: room to decode
+    regional = {f"decoder={name}" for name in BATCH_DECODERS if options.facts("decoder", name).region_decode
+                and not options.facts("decoder", name).missing()}
+    assert (regional <= switches(diagnosis)) if not options.facts("decoder", decoder).region_decode \
+        else not regional & switches(diagnosis)
+    # The same figures from a decoder whose workers decode: those workers did wait on storage.
+    in_workers = settings(num_workers=2, choices={"decoder": "pil", "format": "folder", "staging": "none"})
+    assert "waiting on storage" in diagnose(window(0.4), DECODING_ON_THE_DEVICE, SM90, in_workers).verdict
+
+
+@pytest.mark.parametrize("decoder", BATCH_DECODERS)
+def test_a_batch_decoders_workers_are_judged_by_iowait_not_by_their_read_share(decoder):
+    batch = settings(num_workers=2, choices={"decoder": decoder, "format": "folder", "staging": "none"})
+    waiting = diagnose(window(0.4), WAITING_FOR_THE_WORKERS, SM90, batch)
+    assert "waiting for the loader's workers" in waiting.verdict and "88% of the time" in waiting.verdict
+    assert not {"staging", "format"} & {suggestion.key for suggestion in waiting.suggestions}
+    assert "loader.num_workers=16" in switches(waiting)  # they fall behind with the cores 30% busy: more of them
+    on_disk = diagnose(window(0.4), {**WAITING_FOR_THE_WORKERS, "sys/iowait": 40.0}, SM90, batch)
+    assert {"staging=tmpfs", f"format={options.having('format', 'packed_for_storage')[0]}"} <= switches(on_disk)
+    assert all("iowait 40%" in suggestion.fact for suggestion in on_disk.suggestions if suggestion.key == "staging")
+
+
 def test_partial_bottleneck_and_pageable_copies():
     loader = settings(pin_memory=False, persistent_workers=True)
     diagnosis = diagnose(window(0.2), {"sys/cpu_util": 30.0}, cores(SM90, 4), loader)

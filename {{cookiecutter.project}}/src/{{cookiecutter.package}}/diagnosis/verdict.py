@@ -14,7 +14,8 @@ from ..data.crops import TrainCrop
 from ..loop.clock import Window
 from .advice import Settings, Suggestion
 from .ranks import RankTimes, straggler
-from .storage import loader_cause, storage_limits, storage_side
+from .storage import (device_decoding_limits, device_decoding_side, loader_cause, storage_limits, storage_side,
+                      workers_decode)
 
 NOTICEABLE = 0.10  # a share of the time below this, waiting for data or for the host, is noise
 BOUND = 0.30  # from this share on, that wait sets the pace
@@ -76,7 +77,7 @@ def diagnose(total: Window, system: dict[str, float], hardware: Hardware, settin
             if not hardware.on_gpu and workers >= 100 * NOTICEABLE else "")
     if first == "data":
         verdict = (f"Data loading is {strength}: the {hardware.device} waited for data {data} of the time{took}."
-                   + loader_cause(system))
+                   + loader_cause(system, hardware, settings))
     elif first == "host":
         verdict = (f"The host is {strength}: the GPU sat idle {host} of the time with the next batch ready, "
                    f"waiting for Python, kernel launches or syncs (data wait {data}).")
@@ -96,7 +97,9 @@ def data_side(total: Window, system: dict[str, float], hardware: Hardware, setti
     waited = f"the {hardware.device} waited for data {100 * total.data_frac:.0f}% of the time"
     found: list[Suggestion] = []
     workers = system.get("sys/loader_cpu", 0.0)
-    if storage_limits(system):
+    if device_decoding_limits(system, settings):
+        found += device_decoding_side(system, hardware, settings, CPU_SATURATED)
+    elif storage_limits(system, settings):
         found += storage_side(system, hardware, settings)
     elif not hardware.on_gpu and workers >= 100 * NOTICEABLE:
         found += lighter_decoding(settings, hardware, f"the loader's workers took {workers:.0f}% of the {cores} "
@@ -108,8 +111,9 @@ def data_side(total: Window, system: dict[str, float], hardware: Hardware, setti
     else:
         headroom = f"{waited}, with the CPU {cpu:.0f}% busy on {cores} cores"
         if settings.num_workers < cores:
+            work = "Decode" if workers_decode(settings) else "Read the files"  # a batch decoder's workers only read
             found.append(Suggestion("loader.num_workers", str(cores),
-                                    f"Decode in one process per core (now {settings.num_workers})", headroom, "data"))
+                                    f"{work} in one process per core (now {settings.num_workers})", headroom, "data"))
         if settings.prefetch_factor < 4:
             found.append(Suggestion("loader.prefetch_factor", "4",
                                     f"Smooth out slow batches (now {settings.prefetch_factor})", headroom, "data"))
