@@ -19,8 +19,9 @@ from {{ cookiecutter.package }}.data.format import META
 from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.data.sources import Source
 from {{ cookiecutter.package }}.tools import storage_probe
-from {{ cookiecutter.package }}.tools.bench import bench, stores_for, timed_decoders, training_decoder
+from {{ cookiecutter.package }}.tools.bench import bench, stores_for, timed_decoders
 from {{ cookiecutter.package }}.tools.pack import pack_path, tree_key
+from {{ cookiecutter.package }}.tools.storage_probe import training_decoder
 
 from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line
 

@@ -1,5 +1,4 @@
 """The loader benchmark behind `python -m <package>.bench`: the rows, the references, bench.csv and bench.png."""
-import csv
 import logging
 import multiprocessing
 import os
@@ -15,10 +14,9 @@ from torch.utils.data import DataLoader
 
 from .. import options
 from ..contracts import Decoder, Order, Stores
-from ..core import failures
-from ..core.config import ClearError, ConfigError, build, optional_import
+from ..core.config import ConfigError, build, optional_import
 from ..core.distributed import ALONE
-from ..core.files import bytes_in, write_atomic
+from ..core.files import bytes_in
 from ..core.hardware import synchronize
 from ..data.decoder import DECODE_ERRORS, CpuDecoder
 from ..data.images import REPLACEMENTS, WrongDataSet, make_splits
@@ -26,16 +24,13 @@ from ..data.loaders import training_loader
 from ..data.sources import Source
 from ..data.staging import no_staging
 from ..data.workers import check_worker_count, pick_num_workers, work_of
-from .ceilings import CEILING_FILES, Ceiling, Ceilings, cores_for, shares
+from .bench_csv import BenchCsv
+from .ceilings import CEILING_FILES, Ceilings, cores_for
 from .pack import pack, pack_path, tree_key
 from .staged import counted, stagings, timed_staging
-from .storage_probe import storage_rows
+from .storage_probe import probe
 
 log = logging.getLogger(__name__)
-
-COLUMNS = ("decoder", "format", "order", "staging", "workers", "num_workers", "images_per_s", "vs_baseline", "vs_ceiling",
-           "vs_region_ceiling", "unreadable", "staging_s", "page_cache", "read_mb_s", "sequential_mb_s", "first_batch_s", "limit", "note")
-
 
 @dataclass
 class Timed:
@@ -183,59 +178,6 @@ def chart(rows: list[dict], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def training_decoder() -> str:
-    """The decoder a training run here decodes with when none is named: the default, or the fastest CPU decoder
-    installed where the default is not (as the loader assembly's check_fit does)."""
-    default = options.default("decoder")
-    return options.fastest_cpu_decoder() if options.facts("decoder", default).missing() else default
-
-
-def probe_ceiling(references: Ceilings) -> tuple[Ceiling, bool]:
-    """What the storage probe compares reads with, and whether it is the region-decode ceiling: that one where the
-    decoder training uses here decodes only the crop's region (its facts say region_decode) and bench measured a
-    region ceiling, the full-decode one otherwise."""
-    decoder = training_decoder()
-    regional = options.facts("decoder", decoder).region_decode
-    if regional and references.region is None:
-        log.warning("decoder=%s, which training uses here, decodes regions, and bench.decoders has no decoder that "
-                    "does: the storage probe compares reads with the full-decode ceiling", decoder)
-    if regional and references.region is not None:
-        return references.region, True
-    return references.full, False
-
-
-class BenchCsv:
-    """bench.csv, written whole again each time rows finish, under a temporary name and then renamed, so that a
-    failure leaves every row measured before it and never a half-written file. The loader rows and references come
-    with their shares of the references' passes timed so far, the storage probe's rows after them."""
-
-    def __init__(self, path: Path, cache: str, device: torch.device):
-        self.path, self.cache, self.device = path, cache, device
-        self.measured: list[dict] = []  # the references keep their Ceiling until the rows are given (shares)
-        self.probed: list[dict] = []
-
-    def rows(self) -> list[dict]:
-        return [{**row, "note": "; ".join(filter(None, [row["note"], f"on {self.device.type}"]))}
-                for row in shares(self.measured, self.cache)] + self.probed
-
-    def add(self, rows: list[dict], probed: bool = False) -> None:
-        (self.probed if probed else self.measured).extend(rows)
-        self.save()
-
-    def save(self) -> None:
-        def write(temporary: Path) -> None:
-            with temporary.open("w", newline="") as file:
-                writer = csv.DictWriter(file, COLUMNS, extrasaction="ignore")
-                writer.writeheader()
-                writer.writerows({column: round(value, 2) if isinstance(value, float) else value
-                                  for column, value in row.items()} for row in self.rows())
-        write_atomic(self.path, write)
-
-
-class ProbeFailed(ClearError):
-    """The storage probe failed; the rows measured before it are in bench.csv."""
-
-
 def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     source = build(cfg.data)
     if source.root is None:
@@ -330,21 +272,9 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     written.save()  # with the last pass of the references
     if settings.probe_storage:
         readers = sorted({1, *(cores_for(n) if n == "auto" else max(1, n) for n in settings.num_workers)})
-        ceiling, region = probe_ceiling(references)
-        ceilings = {count: ceiling.rate * cores_for(count) for count in readers}
-        for format in settings.formats:
-            try:
-                store = stores_for(format, source, pack_dir, key, settings.short_side).train
-                for row in storage_rows({format: store}, readers, ceilings, region):
-                    written.add([row], probed=True)
-            except Exception as err:  # noqa: BLE001 - whatever failed in it, the user's way on is the same
-                # The probe is a measurement beside the rows, which are on disk already: one line, and the
-                # traceback in the run's log.
-                said = failures.worker_message(str(err)).splitlines()
-                why = said[0][:300] if said else "no message"
-                raise ProbeFailed(f"the storage probe failed on format={format} ({type(err).__name__}: {why}); the "
-                                  f"{len(written.measured) + len(written.probed)} rows measured before it are in "
-                                  f"{written.path}; bench.probe_storage=false leaves the probe out") from err
+        probe(list(settings.formats),
+              lambda format: stores_for(format, source, pack_dir, key, settings.short_side).train,
+              readers, references, written)
     rows = written.rows()
     chart(rows, run_dir / "bench.png")
     return rows

@@ -8,16 +8,24 @@ otherwise, and always on a file system that holds its files in RAM (tmpfs, ramfs
 ceiling at the same worker count means storage limits the loader: the region-decode ceiling for a decoder that
 decodes only the crop's region, the full-decode one otherwise.
 """
+import logging
 import os
 import random
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torch.utils.data import DataLoader, Dataset
 
+from .. import options
 from ..contracts import Store
+from ..core import failures
+from ..core.config import ClearError
+from .bench_csv import BenchCsv
+from .ceilings import Ceiling, Ceilings, cores_for
+
+log = logging.getLogger(__name__)
 
 PROBE_READS = 200  # random images read per probe, at most
 BATCH = 8  # images a worker reads per message back, as a loader's batch: the probe times reads, not messages
@@ -147,3 +155,48 @@ def storage_rows(stores: dict[str, Store], readers: list[int], ceilings: dict[in
                    "note": f"random whole-image reads as format={format} reads them, after a first batch per "
                            f"reader in {opening:.2f} s (start, opening); {limit}; sequential: the largest file "
                            f"({which})"}
+
+
+def training_decoder() -> str:
+    """The decoder a training run here decodes with when none is named: the default, or the fastest CPU decoder
+    installed where the default is not (as the loader assembly's check_fit does)."""
+    default = options.default("decoder")
+    return options.fastest_cpu_decoder() if options.facts("decoder", default).missing() else default
+
+
+def probe_ceiling(references: Ceilings) -> tuple[Ceiling, bool]:
+    """What the probe compares reads with, and whether it is the region-decode ceiling: that one where the decoder
+    training uses here decodes only the crop's region (its facts say region_decode) and bench measured a region
+    ceiling, the full-decode one otherwise."""
+    decoder = training_decoder()
+    regional = options.facts("decoder", decoder).region_decode
+    if regional and references.region is None:
+        log.warning("decoder=%s, which training uses here, decodes regions, and bench.decoders has no decoder that "
+                    "does: the storage probe compares reads with the full-decode ceiling", decoder)
+    if regional and references.region is not None:
+        return references.region, True
+    return references.full, False
+
+
+class ProbeFailed(ClearError):
+    """The storage probe failed; the rows measured before it are in bench.csv."""
+
+
+def probe(formats: list[str], train_split: Callable[[str], Store], readers: list[int], references: Ceilings,
+          written: BenchCsv) -> None:
+    """The probe's rows for each of `formats` (`train_split(format)`: its training store), into `written` as each is
+    measured, beside the ceiling of the decoder training uses here."""
+    ceiling, region = probe_ceiling(references)
+    ceilings = {count: ceiling.rate * cores_for(count) for count in readers}
+    for format in formats:
+        try:
+            for row in storage_rows({format: train_split(format)}, readers, ceilings, region):
+                written.add([row], probed=True)
+        except Exception as err:  # noqa: BLE001 - whatever failed in it, the user's way on is the same
+            # The probe is a measurement beside the rows, which are on disk already: one line, and the traceback in
+            # the run's log.
+            said = failures.worker_message(str(err)).splitlines()
+            why = said[0][:300] if said else "no message"
+            raise ProbeFailed(f"the storage probe failed on format={format} ({type(err).__name__}: {why}); the "
+                              f"{len(written.measured) + len(written.probed)} rows measured before it are in "
+                              f"{written.path}; bench.probe_storage=false leaves the probe out") from err
