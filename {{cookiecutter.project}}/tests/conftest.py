@@ -400,15 +400,17 @@ def finish(process: subprocess.Popen, timeout: float) -> str:
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """small_disk(megabytes): a folder on a tmpfs of that size, or None where mounting one is not allowed."""
+    """small_disk(megabytes): a folder on a tmpfs of that size, or None where mounting one is not allowed (then
+    `small_disk.refused` says why)."""
     mounts = []
 
     def mount(megabytes: int) -> Path | None:
         folder = tmp_path / f"disk{len(mounts)}"
         folder.mkdir()
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(folder)],
-                              capture_output=True)
+                              capture_output=True, text=True)
         if done.returncode:
+            mount.refused = f"mounting a tmpfs was refused: {done.stderr.strip()}"
             return None
         mounts.append(folder)
         return folder

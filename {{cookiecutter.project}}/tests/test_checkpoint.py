@@ -48,6 +48,20 @@ def test_torch_saves_failed_write_is_a_write_error_and_a_bug_is_not(tmp_path):
     assert not isinstance(raised.value, files.WriteError) and not list(tmp_path.iterdir())
 
 
+def test_a_checkpoint_the_disk_has_no_room_for_names_the_errno_and_keeps_the_last_one(small_disk):
+    disk = small_disk(2)
+    if disk is None:
+        pytest.skip(small_disk.refused)
+    path = disk / "last.pt"
+    checkpoint.save({"step": 1}, path)
+    with pytest.raises(files.WriteError, match=rf"^could not write {path}: No space left on device \(ENOSPC; "
+                                                r"\d+\.\d MiB free on its disk(: it is full)?\); any earlier "
+                                                "last.pt is intact$"):
+        checkpoint.save({"step": 2, "weight": torch.zeros(2**20)}, path)  # 4 MiB
+    assert checkpoint.load(path, torch.device("cpu"))["step"] == 1
+    assert [p.name for p in disk.iterdir()] == ["last.pt"]
+
+
 def test_resume_choices(tmp_path):
     assert checkpoint.find(None, tmp_path) is None
     assert checkpoint.find("auto", tmp_path) is None

@@ -1,4 +1,6 @@
-"""Files written so that nothing half-written looks valid, and the disk-space figures a failed write reports."""
+"""Files written so that nothing half-written looks valid, and what a failed write reports: the path, the errno
+and the free space."""
+import errno
 import os
 import re
 import shutil
@@ -20,6 +22,10 @@ class WriteError(ClearError):
 # How torch.save reports a failed write: a RuntimeError from its C++ stream writer, not an OSError.
 WRITE_FAILED = re.compile(r"inline_container|PytorchStreamWriter|file write failed|basic_ios|iostream error")
 
+def errno_name(err: OSError) -> str:
+    """ENOSPC, EIO, ...: the errno's name, which a search for the failure finds."""
+    return errno.errorcode.get(err.errno, str(err.errno))
+
 
 def free_bytes(path: Path) -> int:
     """Free space on the disk that holds `path`, or would once it is made."""
@@ -40,6 +46,15 @@ def disk_space(path: Path) -> str:
     return f"{free:.1f} MiB free on its disk{': it is full' if free < 1 else ''}"
 
 
+def write_failure(path: Path, err: BaseException) -> str:
+    """Why writing `path` failed: the OS's reason with its errno where there is one, and the space left."""
+    # torch.save writing into a Python file keeps the file's OSError as its RuntimeError's context.
+    failed = next((cause for cause in (err, err.__context__) if isinstance(cause, OSError) and cause.errno), None)
+    if failed is None:
+        return f"{str(err).splitlines()[0]} ({disk_space(path)})"
+    return f"{failed.strerror} ({errno_name(failed)}; {disk_space(path)})"
+
+
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """write(temporary path), then rename over `path`, which readers therefore see whole or not at all."""
     temporary = path.with_name(f".{path.name}.partial-{os.getpid()}")  # ranks may race
@@ -50,6 +65,5 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         temporary.unlink(missing_ok=True)
         if isinstance(err, RuntimeError) and not WRITE_FAILED.search(str(err)):
             raise  # not a write that failed: a bug
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0]
-        raise WriteError(f"could not write {path}: {reason} ({disk_space(path)}); any earlier {path.name} is "
+        raise WriteError(f"could not write {path}: {write_failure(path, err)}; any earlier {path.name} is "
                          "intact") from err

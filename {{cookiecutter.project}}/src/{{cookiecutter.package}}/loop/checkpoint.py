@@ -16,7 +16,13 @@ LAST = "last.pt"  # the checkpoint every epoch overwrites, and the one resume=au
 
 
 def save(state: dict, path: Path) -> None:
-    write_atomic(path, lambda temporary: torch.save(state, temporary))
+    def write(temporary: Path) -> None:
+        # Through a Python file, so that a failed write keeps its OSError (ENOSPC, EIO): from a path, torch's C++
+        # writer reports only "unexpected pos".
+        with temporary.open("wb") as file:
+            torch.save(state, file)
+
+    write_atomic(path, write)
 
 
 class Checkpoints:
