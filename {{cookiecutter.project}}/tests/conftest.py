@@ -1,5 +1,6 @@
 """The real config, composed once and shrunk: CPU, a tiny synthetic data set, a few steps, output under tmp_path."""
 import atexit
+import errno
 import io
 import json
 import os
@@ -418,3 +419,16 @@ def small_disk(tmp_path):
     yield mount
     for folder in mounts:
         subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(disk: Path, leave_bytes: int = 0) -> None:
+    """Take the free space of `disk` but `leave_bytes` with a file of its own, as another program filling it would."""
+    descriptor = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        while (free := shutil.disk_usage(disk).free) > leave_bytes:
+            os.write(descriptor, bytes(min(2**20, free - leave_bytes)))
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+    finally:
+        os.close(descriptor)

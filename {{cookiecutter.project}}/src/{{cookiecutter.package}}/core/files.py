@@ -1,13 +1,18 @@
-"""Files written so that nothing half-written looks valid, and what a failed write reports: the path, the errno
-and the free space."""
+"""Files written so that nothing half-written looks valid; what a failed write reports (the path, the errno, the
+free space); and the run's log file, which ends at its last whole line when its disk fills."""
 import errno
+import logging
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 from .config import ClearError
+
+log = logging.getLogger(__name__)
 
 
 def user_cache() -> Path:
@@ -67,3 +72,35 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
             raise  # not a write that failed: a bug
         raise WriteError(f"could not write {path}: {write_failure(path, err)}; any earlier {path.name} is "
                          "intact") from err
+
+
+class LogFile(logging.FileHandler):
+    """The run's log file: Hydra's `file` handler (conf/train.yaml). Once a write to it fails (a full disk), it ends at
+    its last whole line and takes no more, and the console, which has every line too, says so once. Logging's own
+    handler would print an 80-line "--- Logging error ---" on stderr for that line and each one after."""
+
+    def __init__(self, filename, *args, **kwargs):
+        super().__init__(filename, *args, **kwargs)
+        self.whole = os.path.getsize(self.baseFilename) if os.path.exists(self.baseFilename) else 0
+        self.failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed:
+            return
+        super().emit(record)  # which flushes, or calls handleError
+        if not self.failed and self.stream is not None:
+            self.whole = os.fstat(self.stream.fileno()).st_size
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        err = sys.exc_info()[1]
+        if not isinstance(err, OSError):
+            super().handleError(record)  # a logging call of ours that is wrong: a bug, shown as one
+            return
+        self.failed = True
+        stream, self.stream = self.stream, None
+        with suppress(OSError):
+            stream.close()  # its buffered rest may or may not reach the disk
+        with suppress(OSError):
+            os.truncate(self.baseFilename, self.whole)  # cutting the file frees space: it works on a full disk
+        log.warning("could not write %s: %s; it ends at its last whole line, and the console has the rest",
+                    self.baseFilename, write_failure(Path(self.baseFilename), err))
