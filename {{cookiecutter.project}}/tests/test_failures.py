@@ -19,8 +19,10 @@ from conftest import (
     QUIET,
     cli_command,
     error_line,
+    fill,
     finish,
     start_cli,
+    stop,
     stopped_after_first_checkpoint,
     summary,
     wait_for,
@@ -148,6 +150,38 @@ def test_a_full_disk_during_training_is_one_line_and_leaves_no_half_checkpoint(t
     assert line.startswith(f"error: could not write {run_dir / 'last.pt'}: ") and "; any earlier last.pt is intact" \
         in line
     assert not [path for path in run_dir.iterdir() if path.name.endswith(".pt") or ".partial" in path.name]
+
+
+def test_a_disk_that_fills_mid_run_ends_it_in_one_line_with_the_log_and_the_checkpoint_whole(tmp_path, small_disk,
+                                                                                               cache_dir, tiny_root):
+    """Another program takes the run folder's last bytes: TensorBoard's writer, the checkpoint and the log file all
+    fail to write, and stderr has the one line, no "--- Logging error ---" or thread traceback before it."""
+    disk = small_disk(32)  # room for the checkpoints of a small model, until the disk is filled
+    if disk is None:
+        pytest.skip(small_disk.refused)
+    run_dir = disk / "run"
+    process = start_cli(run_dir, (*LONGER, "train.epochs=50", "model.name=mobilenet_v3_small"), cache_dir, tiny_root,
+                        env=QUIET)
+    wait_for(lambda: (run_dir / "last.pt").exists(), process)
+    before = saved_step(run_dir)
+    fill(disk)
+    filled = time.monotonic()
+    try:
+        stdout, stderr = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the run did not end on a full disk:\n{stop(process)[-4000:]}") from None
+    assert process.returncode == 1 and time.monotonic() - filled < SECONDS_TO_EXIT
+    assert "--- Logging error ---" not in stderr and "Exception in thread" not in stderr, stderr[-3000:]
+    line = error_line(stderr)
+    failed = re.fullmatch(rf"error: could not write {re.escape(str(run_dir))}/\S+: No space left on device \(ENOSPC; "
+                          r"[^)]+\)(; any earlier last.pt is intact)?; resume=auto continues from step (?P<step>\d+)",
+                          line)
+    assert failed, line
+    assert int(failed["step"]) == saved_step(run_dir) >= before  # whole: it loads
+    assert f"could not write {run_dir / 'train.log'}: No space left on device (ENOSPC" in stdout  # it failed too
+    assert (run_dir / "train.log").read_text().endswith("\n")  # at its last whole line
+    assert not [path for path in run_dir.iterdir() if ".partial" in path.name] and not left_behind(run_dir)
+
 
 
 def test_sigterm_still_stops_at_the_window_and_leaves_no_worker(tmp_path, cache_dir, tiny_root):

@@ -247,7 +247,8 @@ class Prefetcher(ABC):
 
 
 class Logger(Protocol):
-    """Where each logging window's figures go."""
+    """Where each logging window's figures go. A write that fails raises `core.files.WriteError`, naming the file;
+    `close` runs on every way out of the run, a failure's included, and logs what it cannot write instead."""
 
     def scalars(self, values: dict[str, float], step: int) -> None: ...
 

@@ -10,6 +10,7 @@ import multiprocessing
 import re
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -94,7 +95,9 @@ def one_line(body: Callable[[], Result], finish: Callable[[], None] = lambda: No
              record: Callable[[BaseException], None] = lambda err: None) -> Result:
     """A command's body, run so that every way out is designed: a failure the user can act on exits with its
     `error:` line (the traceback goes to the log file), a bug keeps its traceback, and this process's workers
-    end, then `finish` runs, whichever way it went. `record` sees the failure first (forensics.py)."""
+    end, then `finish` runs, whichever way it went. `record` sees the failure first (forensics.py). A thread's
+    failure goes the same way, through `thread_failed`."""
+    threading.excepthook, hook = thread_failed, threading.excepthook
     try:
         return body()
     except BaseException as err:  # noqa: BLE001 - what the user can act on becomes one line; a bug re-raises
@@ -107,6 +110,20 @@ def one_line(body: Callable[[], Result], finish: Callable[[], None] = lambda: No
     finally:
         end_workers()
         finish()
+        threading.excepthook = hook
+
+
+def thread_failed(args: threading.ExceptHookArgs) -> None:
+    """A thread's failure that the user can meet is logged in one line, its traceback in the log file only:
+    TensorBoard's writer thread on a full disk, whose failure its owner raises again at the next call (and that call
+    ends the run in one line). A bug keeps Python's report, traceback included, on stderr."""
+    line = explain(args.exc_value) if isinstance(args.exc_value, Exception) else None
+    if line is None:
+        threading.__excepthook__(args)
+        return
+    name = f"thread {args.thread.name}" if args.thread is not None else "a thread"
+    log.warning("%s failed: %s", name, line)
+    log_traceback(args.exc_value, f"{name} failed")
 
 
 def reported(stderr: str) -> str | None:
@@ -123,10 +140,9 @@ def reported(stderr: str) -> str | None:
     return lines[-1] if lines[0].startswith("Traceback") else lines[0]
 
 
-def log_traceback(err: BaseException) -> None:
+def log_traceback(err: BaseException, what: str = "the run failed") -> None:
     """The whole traceback, into the run's log files only: the console gets the one line."""
-    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "the run failed", None,
-                            (type(err), err, err.__traceback__))
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, what, None, (type(err), err, err.__traceback__))
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)

@@ -6,8 +6,8 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .config import ClearError
@@ -21,7 +21,7 @@ def user_cache() -> Path:
 
 
 class WriteError(ClearError):
-    """A run file could not be written (a full disk, say); the previous version is intact."""
+    """A run file could not be written (a full disk, say)."""
 
 
 # How torch.save reports a failed write: a RuntimeError from its C++ stream writer, not an OSError.
@@ -72,6 +72,16 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
             raise  # not a write that failed: a bug
         raise WriteError(f"could not write {path}: {write_failure(path, err)}; any earlier {path.name} is "
                          "intact") from err
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Around writes into `path` that add to a file as the run goes: a failed one (a full disk) raises WriteError
+    naming the path and the errno."""
+    try:
+        yield
+    except OSError as err:
+        raise WriteError(f"could not write {path}: {write_failure(path, err)}") from err
 
 
 class LogFile(logging.FileHandler):

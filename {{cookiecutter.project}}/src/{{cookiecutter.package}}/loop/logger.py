@@ -1,9 +1,15 @@
 """Where the per-window numbers go: TensorBoard, JSON lines (`logger=jsonl`), or nowhere (`logger=none`); each a
 `Logger` (contracts.py)."""
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..contracts import Logger
+from ..core.files import write_failure, writing
+
+log = logging.getLogger(__name__)
 
 # The three parts of each step on one chart, under TensorBoard's Custom Scalars tab.
 LAYOUT = {
@@ -30,19 +36,34 @@ class NullLogger:
         pass
 
 
+@contextmanager
+def closing(path: Path) -> Iterator[None]:
+    """Around a logger's close, which runs on every way out of the run, a failure's included: a last write that fails
+    is logged, not raised over the failure on its way out."""
+    try:
+        yield
+    except OSError as err:
+        log.error("could not write %s: %s", path, write_failure(path, err))
+
+
 class TensorBoardLogger:
     def __init__(self, log_dir: Path):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(log_dir))
-        self.writer.add_custom_scalars(LAYOUT)
+        self.log_dir = log_dir
+        with writing(log_dir):
+            self.writer = SummaryWriter(str(log_dir))
+            self.writer.add_custom_scalars(LAYOUT)
 
     def scalars(self, values: dict[str, float], step: int) -> None:
-        for tag, value in values.items():
-            self.writer.add_scalar(tag, value, step)
+        # The writer's thread writes; a write it failed is raised here, at the next call.
+        with writing(self.log_dir):
+            for tag, value in values.items():
+                self.writer.add_scalar(tag, value, step)
 
     def close(self) -> None:
-        self.writer.close()
+        with closing(self.log_dir):
+            self.writer.close()
 
 
 class JsonLinesLogger:
@@ -50,14 +71,18 @@ class JsonLinesLogger:
     run while it goes, as tune does its trials."""
 
     def __init__(self, path: Path):
-        self.file = path.open("a")
+        self.path = path
+        with writing(path):
+            self.file = path.open("a")
 
     def scalars(self, values: dict[str, float], step: int) -> None:
-        self.file.write(json.dumps({"step": step, **values}) + "\n")
-        self.file.flush()
+        with writing(self.path):
+            self.file.write(json.dumps({"step": step, **values}) + "\n")
+            self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        with closing(self.path):
+            self.file.close()
 
 
 def tensorboard(run_dir: Path) -> Logger:
