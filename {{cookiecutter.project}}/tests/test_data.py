@@ -1,5 +1,9 @@
-"""The data path: uint8 crops out of the workers, bad files skipped and counted, seeded augmentation."""
+"""The data path: uint8 crops out of the workers, bad files skipped and counted, a failing disk not taken for
+bad files, seeded augmentation."""
+import errno
 import multiprocessing
+import os
+import re
 import time
 
 import numpy as np
@@ -8,13 +12,15 @@ import torch
 
 from {{ cookiecutter.package }}.core.config import ConfigError
 from {{ cookiecutter.package }}.core.distributed import ALONE, World
+from {{ cookiecutter.package }}.core.failures import explain
+from {{ cookiecutter.package }}.core.files import STORAGE_FAILED
 from {{ cookiecutter.package }}.data.crops import TrainCrop
 from {{ cookiecutter.package }}.data.decoder import decoding
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.device import MEAN, STD, ToDevice
 from {{ cookiecutter.package }}.data.format import folder
 from {{ cookiecutter.package }}.data.format.folder import FileIndex, ImageFiles
-from {{ cookiecutter.package }}.data.images import Images, UnreadableImage, WrongDataSet, make_splits
+from {{ cookiecutter.package }}.data.images import Images, StorageFailed, UnreadableImage, WrongDataSet, make_splits
 from {{ cookiecutter.package }}.data.loaders import make_loader
 from {{ cookiecutter.package }}.data.prefetcher import NoPrefetcher
 from {{ cookiecutter.package }}.data.sources import imagenet
@@ -250,6 +256,37 @@ def test_replacing_a_bad_image_reads_a_bounded_number_and_a_wrong_data_set_stops
             half[index]
     tolerant = Images(Store(bad=set(range(0, 40, 2))), decode, "skip", max_bad_fraction=0.6)
     assert len([tolerant[index] for index in range(40)]) == 40
+
+
+class FailedStorage(Store):
+    """A store on a disk or mount that failed: every read raises OSError `code`, as the kernel returns it."""
+
+    def __init__(self, code: int):
+        super().__init__(bad=set())
+        self.code = code
+
+    def read(self, index, run=None):
+        self.reads += 1
+        raise OSError(self.code, os.strerror(self.code))
+
+
+@pytest.mark.parametrize("code", sorted(STORAGE_FAILED), ids=errno.errorcode.get)
+def test_a_read_the_storage_failed_stops_the_run_and_is_never_skipped_as_an_unreadable_image(code):
+    store = FailedStorage(code)
+    images = Images(store, decode, "skip")
+    reason = rf"{os.strerror(code)} \({errno.errorcode[code]}\)"
+    with pytest.raises(StorageFailed, match=rf"^could not read image 3: {reason}: the storage failed, not the image"):
+        images[3]
+    assert store.reads == 1 and images.bad_count.value == 0 and images.bad_flags().sum() == 0
+
+
+def test_a_storage_failure_in_a_loader_worker_is_one_line_naming_the_image_and_the_errno():
+    images = Images(FailedStorage(errno.EIO), decode, "skip")
+    with pytest.raises(StorageFailed) as raised:
+        list(loader(images, 4, False, num_workers=2))
+    line = explain(raised.value)
+    assert re.fullmatch(r"could not read image \d+: Input/output error \(EIO\): the storage failed, not the image: "
+                        r"check the disk or the mount it is on \(in loader worker [01]\)", line), line
 
 
 def test_the_same_few_bad_images_read_again_and_again_are_judged_once():

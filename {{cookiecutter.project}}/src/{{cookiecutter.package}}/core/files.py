@@ -1,5 +1,6 @@
-"""Files written so that nothing half-written looks valid; what a failed write reports (the path, the errno, the
-free space); and the run's log file, which ends at its last whole line when its disk fills."""
+"""Files written so that nothing half-written looks valid; what a failed read or write of the run's storage
+reports (the path, the errno, the free space); and the run's log file, which ends at its last whole line when
+its disk fills."""
 import errno
 import logging
 import os
@@ -26,6 +27,12 @@ class WriteError(ClearError):
 
 # How torch.save reports a failed write: a RuntimeError from its C++ stream writer, not an OSError.
 WRITE_FAILED = re.compile(r"inline_container|PytorchStreamWriter|file write failed|basic_ios|iostream error")
+
+# What a read returns when the disk or the mount under the file failed, not the file: an I/O error, a network mount
+# that is gone (ENOTCONN; ECONNABORTED for a request a FUSE mount still had in flight when it was aborted), a stale
+# NFS handle, a server that did not answer.
+STORAGE_FAILED = frozenset({errno.EIO, errno.ENOTCONN, errno.ECONNABORTED, errno.ESTALE, errno.ETIMEDOUT})
+
 
 def errno_name(err: OSError) -> str:
     """ENOSPC, EIO, ...: the errno's name, which a search for the failure finds."""

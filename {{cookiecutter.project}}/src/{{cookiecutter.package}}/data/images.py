@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 from ..contracts import Decoder, Store, Stores
 from ..core.config import ClearError, ConfigError
 from ..core.distributed import World
+from ..core.files import STORAGE_FAILED, errno_name
 from .crops import CenterCrop, TrainCrop
 from .decoder import Unreadable
 from .sources import Source
@@ -28,6 +29,11 @@ class UnreadableImage(ClearError):
 
 class WrongDataSet(ClearError):
     """Too many unreadable images: the data, not a few bad files."""
+
+
+class StorageFailed(ClearError):
+    """A read that the disk or the mount failed (core.files.STORAGE_FAILED), not the image: never skipped or counted as
+    unreadable, since every image behind it would fail the same way; the run stops."""
 
 
 BAD_ALLOWED = 10  # unreadable images always skipped, however small the data set: data.max_bad_fraction judges beyond
@@ -135,6 +141,11 @@ class Images(Dataset):
                 return item, label
             except Unreadable as err:
                 self._skip(position, err)
+            except OSError as err:
+                if err.errno not in STORAGE_FAILED:
+                    raise
+                raise StorageFailed(f"could not read {self.store.name(position)}: {err.strerror} ({errno_name(err)}): "
+                                    "the storage failed, not the image: check the disk or the mount it is on") from err
         raise WrongDataSet(f"{REPLACEMENTS} images in a row from {self.store.name(index)} on are unreadable: is "
                            "this the data set you meant?")
 
