@@ -15,15 +15,23 @@ The kernel caches file pages. To model a data set larger than RAM, the cached pa
 dropped every `--evict-every` seconds (libfuse's fuse_invalidate_path), and a file's pages are dropped when it is
 opened again. A model of a device, not a device: its figures show what latency and bandwidth do, nothing more.
 The daemon is Python: past about 2,000 requests a second it is the limit itself; it prints the CPU it used.
+
+Storage that fails, to see what a run does on it:
+    kill -USR1 <daemon pid>    # every read from then on fails with --read-errno (EIO: a disk going bad)
+    kill -STOP <daemon pid>    # the server stops answering: every request waits, as on a frozen network mount
+    python scripts/slowdisk.py --abort /mnt/slow   # what fusectl does: waiting requests fail with ECONNABORTED,
+                                                   # later ones with ENOTCONN ("Transport endpoint is not connected")
 """
 import argparse
 import ctypes
 import errno
 import os
 import resource
+import signal
 import threading
 import time
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,47 @@ class Link:
         time.sleep(max(0.0, done - time.monotonic()))
 
 
+def mount_entry(mountpoint: str) -> list[str] | None:
+    """The /proc/self/mountinfo fields of `mountpoint`, read without touching the mount itself, which hangs while
+    its daemon does not answer."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        entry = line.split()
+        if entry[4] == os.path.abspath(mountpoint):
+            return entry
+    return None
+
+
+def abort(mountpoint: str) -> str | None:
+    """End every request to a FUSE mount, waiting or to come, as `fusectl` does: its connection, numbered by the
+    mount's device minor, is aborted. Why it could not be, or None."""
+    entry = mount_entry(mountpoint)
+    if entry is None:
+        return f"{mountpoint} is not mounted"
+    control = Path("/sys/fs/fuse/connections") / entry[2].split(":")[1] / "abort"
+    if not control.exists():
+        return (f"{control} does not exist: fusectl is not mounted (as root: mount -t fusectl fusectl "
+                "/sys/fs/fuse/connections), or the mount is not FUSE's")
+    try:
+        control.write_text("1")
+    except OSError as err:
+        return f"could not write {control}: {err.strerror}"
+    return None
+
+
+def fail_reads_on_signal(failing: threading.Event, read_errno: int) -> None:
+    """From SIGUSR1 on, `failing` is set. The main thread is inside libfuse's loop, where Python never runs a signal
+    handler, so a thread of its own waits for the signal, which every other thread blocks; call it before any thread
+    starts, since threads inherit the block."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+
+    def wait() -> None:
+        signal.sigwait({signal.SIGUSR1})
+        failing.set()
+        print(f"slowdisk: SIGUSR1: every read fails with {errno.errorcode[read_errno]} from now on", flush=True)
+
+    threading.Thread(target=wait, daemon=True, name="sigusr1").start()
+
+
 def import_fuse():
     try:
         import mfusepy
@@ -65,7 +114,8 @@ def import_fuse():
     return mfusepy
 
 
-def slow_passthrough(mfusepy, source: str, profile: Profile, evict_every: float):
+def slow_passthrough(mfusepy, source: str, profile: Profile, evict_every: float, failing: threading.Event,
+                     read_errno: int):
     class SlowPassthrough(mfusepy.Operations):
         use_ns = True
 
@@ -121,6 +171,8 @@ def slow_passthrough(mfusepy, source: str, profile: Profile, evict_every: float)
             return handle
 
         def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+            if failing.is_set():
+                raise mfusepy.FuseOSError(read_errno)
             with self.guard:
                 ends = self.recent.setdefault(fh, [])
                 continues = offset in ends
@@ -151,22 +203,34 @@ def slow_passthrough(mfusepy, source: str, profile: Profile, evict_every: float)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", help="the folder to serve")
-    parser.add_argument("mountpoint", help="an empty folder to mount it on")
+    parser.add_argument("source", nargs="?", help="the folder to serve")
+    parser.add_argument("mountpoint", nargs="?", help="an empty folder to mount it on")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="hdd")
     for field in fields(Profile):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=field.type, help="instead of the profile's")
     parser.add_argument("--evict-every", type=float, default=2.0,
                         help="seconds between dropping the cached pages of open files; 0 keeps them")
+    parser.add_argument("--read-errno", choices=sorted(errno.errorcode.values()), default="EIO", metavar="ERRNO",
+                        help="what every read returns once the daemon gets SIGUSR1 (default EIO)")
+    parser.add_argument("--abort", metavar="MOUNTPOINT", help="abort a mount's FUSE connection, and do nothing else")
     args = parser.parse_args()
+    if args.abort:
+        reason = abort(args.abort)
+        if reason:
+            raise SystemExit(f"error: {reason}")
+        return
+    if args.source is None or args.mountpoint is None:
+        parser.error("the source and mountpoint are required, unless --abort is given")
     if not os.path.isdir(args.source):
         parser.error(f"{args.source} is not a folder")
     profile = replace(PROFILES[args.profile], **{field.name: getattr(args, field.name) for field in fields(Profile)
                                                  if getattr(args, field.name) is not None})
     mfusepy = import_fuse()
+    read_errno, failing = getattr(errno, args.read_errno), threading.Event()
+    fail_reads_on_signal(failing, read_errno)
     print(f"slowdisk: {args.source} on {args.mountpoint} as {args.profile}: {profile}", flush=True)
     try:
-        mfusepy.FUSE(slow_passthrough(mfusepy, args.source, profile, args.evict_every),
+        mfusepy.FUSE(slow_passthrough(mfusepy, args.source, profile, args.evict_every, failing, read_errno),
                      args.mountpoint, foreground=True, ro=True, fsname=f"slowdisk-{args.profile}")
     finally:
         used = resource.getrusage(resource.RUSAGE_SELF)

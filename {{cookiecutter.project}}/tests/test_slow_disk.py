@@ -1,7 +1,12 @@
 """scripts/slowdisk.py, the simulated spinning disk and NFS share, and what the run says on them: the storage
-verdict where the loader's workers wait on reads, the decode verdict where they decode."""
+verdict where the loader's workers wait on reads, the decode verdict where they decode. The storage failures it
+makes, and what a run does on them, are in test_failures.py."""
+import errno
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -10,7 +15,7 @@ import pytest
 from PIL import Image
 
 from conftest import tiny
-from slow_disk import missing_fuse, mount_entry, slow_disk
+from slow_disk import SCRIPT, fusectl, missing_fuse, mount_entry, slow_disk
 from test_train_in_process import train_in_process  # noqa: F401 (a fixture)
 
 HDD_MS_PER_FILE = 12 + 8 + 8  # open, the getattr before it, and the seek of its first read (scripts/slowdisk.py)
@@ -57,6 +62,52 @@ def test_a_frozen_daemon_is_aborted_and_never_hangs_the_test(tiny_root, tmp_path
         os.kill(daemon.pid, signal.SIGSTOP)
     assert mount_entry(mountpoint) is None and daemon.returncode is not None
     assert time.monotonic() - start < 40
+
+
+def read_error(path: Path) -> int | None:
+    """The errno reading `path` whole fails with; None if it reads."""
+    try:
+        path.read_bytes()
+    except OSError as err:
+        return err.errno
+    return None
+
+
+def test_after_sigusr1_every_read_fails_with_the_chosen_errno(tiny_root, tmp_path):
+    files = sorted((tiny_root / "train").rglob("*.JPEG"))
+    mountpoint = tmp_path / "failing"
+    with slow_disk(tiny_root, mountpoint, "nfs", "--read-errno", "ETIMEDOUT") as daemon:
+        paths = [mountpoint / path.relative_to(tiny_root) for path in files]
+        assert read_error(paths[0]) is None
+        daemon.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 20
+        while "SIGUSR1" not in (tmp_path / "failing.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [read_error(path) for path in (paths[0], paths[1])] == [errno.ETIMEDOUT] * 2  # read before or not
+        assert sorted(os.listdir(mountpoint / "train")) == sorted(os.listdir(tiny_root / "train"))  # reads alone fail
+
+
+def test_an_aborted_mount_fails_the_read_waiting_on_it_and_every_one_after(tiny_root, tmp_path):
+    """What `fusectl` does to a frozen mount, through `slowdisk.py --abort`: the read in flight gets ECONNABORTED,
+    later ones ENOTCONN, "Transport endpoint is not connected"."""
+    path = next((tiny_root / "train").rglob("*.JPEG")).relative_to(tiny_root)
+    mountpoint = tmp_path / "frozen"
+    with fusectl(), slow_disk(tiny_root, mountpoint, "nfs") as daemon:
+        daemon.send_signal(signal.SIGSTOP)  # the server stops answering
+        waiting = []
+        reader = threading.Thread(target=lambda: waiting.append(read_error(mountpoint / path)))
+        reader.start()
+        reader.join(timeout=1)
+        assert reader.is_alive()  # a frozen mount answers nothing, however long it is given
+        aborted = subprocess.run([sys.executable, str(SCRIPT), "--abort", str(mountpoint)], capture_output=True,
+                                 text=True, timeout=30)
+        assert aborted.returncode == 0, aborted.stderr
+        reader.join(timeout=10)
+        assert waiting == [errno.ECONNABORTED] and read_error(mountpoint / path) == errno.ENOTCONN
+        daemon.send_signal(signal.SIGCONT)  # it finds its connection gone, and exits
+    again = subprocess.run([sys.executable, str(SCRIPT), "--abort", str(mountpoint)], capture_output=True, text=True,
+                           timeout=30)
+    assert again.returncode == 1 and again.stderr.strip() == f"error: {mountpoint} is not mounted"
 
 
 def png_tree(tree: Path, out: Path) -> Path:
