@@ -3,6 +3,7 @@ left behind, and the last completed step saved for resume=auto."""
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from conftest import (
     summary,
     wait_for,
 )
+from slow_disk import SCRIPT, fusectl, slow_disk
 
 pytestmark = pytest.mark.full  # subprocesses, torchrun or the clock: make test-full
 
@@ -182,6 +184,66 @@ def test_a_disk_that_fills_mid_run_ends_it_in_one_line_with_the_log_and_the_chec
     assert (run_dir / "train.log").read_text().endswith("\n")  # at its last whole line
     assert not [path for path in run_dir.iterdir() if ".partial" in path.name] and not left_behind(run_dir)
 
+
+ON_A_MOUNT = ("train.epochs=50", "model.name=mobilenet_v3_small", "data=imagenet", "loader.num_workers=2")
+STORAGE_FAILED = (r"error: could not read {mount}/(train|val)/\S+: {reason}: the storage failed, not the image: check "
+                  r"the disk or the mount it is on \(in loader worker [01]\); resume=auto continues from step "
+                  r"(?P<step>\d+)")
+
+
+def test_a_disk_that_fails_reads_ends_the_run_in_one_line_naming_the_file_and_the_errno(tmp_path, cache_dir,
+                                                                                       tiny_root):
+    """EIO on every read from some point on: not an unreadable image to skip (data.on_error=skip), the disk."""
+    mountpoint, run_dir = tmp_path / "data", tmp_path / "run"
+    with slow_disk(tiny_root, mountpoint, "nfs") as daemon:
+        process = start_cli(run_dir, (*ON_A_MOUNT, f"data.root={mountpoint}", "data.on_error=skip"), cache_dir,
+                            tiny_root, env=QUIET)
+        wait_for(lambda: (run_dir / "last.pt").exists(), process)
+        before = saved_step(run_dir)
+        daemon.send_signal(signal.SIGUSR1)
+        failed = time.monotonic()
+        stderr = finish(process, timeout=120)
+        seconds = time.monotonic() - failed
+    assert process.returncode == 1 and seconds < SECONDS_TO_EXIT
+    line = error_line(stderr)
+    read = re.fullmatch(STORAGE_FAILED.format(mount=re.escape(str(mountpoint)), reason=r"Input/output error \(EIO\)"),
+                        line)
+    assert read, line
+    assert int(read["step"]) == saved_step(run_dir) >= before
+    assert torch.load(run_dir / "last.pt", weights_only=False)["unreadable"] == {"train": [], "val": []}
+    assert "skipping unreadable image" not in (run_dir / "train.log").read_text() and not left_behind(run_dir)
+
+
+def test_a_mount_that_freezes_gets_its_stall_reported_then_once_aborted_ends_the_run_in_one_line(tmp_path, cache_dir,
+                                                                                                tiny_root):
+    """A network mount stops answering (its daemon stopped): the stall's warning and stacks come after
+    distributed.stall_min, and the run waits, since the mount may come back. Aborted through fusectl, it fails the
+    reads waiting on it (ECONNABORTED) and those after (ENOTCONN)."""
+    mountpoint, run_dir = tmp_path / "data", tmp_path / "run"
+    log = run_dir / "train.log"
+    with fusectl(), slow_disk(tiny_root, mountpoint, "nfs") as daemon:
+        process = start_cli(run_dir, (*ON_A_MOUNT, f"data.root={mountpoint}", "distributed.stall_min=0.1"), cache_dir,
+                            tiny_root, env=QUIET)
+        wait_for(lambda: (run_dir / "last.pt").exists(), process)
+        before, stalls = saved_step(run_dir), log.read_text().count("no progress for")
+        daemon.send_signal(signal.SIGSTOP)
+        wait_for(lambda: log.read_text().count("no progress for") > stalls, process, timeout=120)
+        assert (run_dir / "stacks-rank0.txt").exists() and process.poll() is None
+        aborted = subprocess.run([sys.executable, str(SCRIPT), "--abort", str(mountpoint)], capture_output=True,
+                                 text=True, timeout=30)
+        assert aborted.returncode == 0, aborted.stderr
+        began = time.monotonic()
+        stderr = finish(process, timeout=120)
+        seconds = time.monotonic() - began
+        daemon.send_signal(signal.SIGCONT)  # it finds its connection gone, and exits
+    assert process.returncode == 1 and seconds < SECONDS_TO_EXIT
+    line = error_line(stderr)
+    read = re.fullmatch(STORAGE_FAILED.format(
+        mount=re.escape(str(mountpoint)),
+        reason=r"(Software caused connection abort \(ECONNABORTED\)|Transport endpoint is not connected \(ENOTCONN\))"),
+        line)
+    assert read, line
+    assert int(read["step"]) == saved_step(run_dir) >= before and not left_behind(run_dir)
 
 
 def test_sigterm_still_stops_at_the_window_and_leaves_no_worker(tmp_path, cache_dir, tiny_root):
