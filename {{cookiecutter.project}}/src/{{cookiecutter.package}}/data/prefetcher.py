@@ -132,6 +132,10 @@ class ResidentBatch(Prefetcher):
         for _ in range(len(self)):
             yield self.batch
 
+    def coverage(self) -> None:
+        """Its epochs replay one batch: there is no epoch's coverage to check."""
+        return None
+
 
 def none(loader: ResumableLoader, to_device: ToDevice) -> Prefetcher:
     return NoPrefetcher(loader, to_device)
