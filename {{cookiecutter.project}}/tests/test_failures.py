@@ -2,6 +2,7 @@
 left behind, and the last completed step saved for resume=auto."""
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -291,6 +292,32 @@ def test_three_interruptions_resume_to_the_weights_of_an_uninterrupted_run(tmp_p
     assert expected.keys() == resumed.keys()
     assert all(torch.equal(expected[name], resumed[name]) for name in expected), [
         name for name in expected if not torch.equal(expected[name], resumed[name])][:5]
+
+
+def test_ctrl_c_then_the_line_it_prints_resume_to_the_weights_of_an_uninterrupted_run(tmp_path, cache_dir, tiny_root,
+                                                                                      train_cli):
+    """SIGINT to the run's process group, as Ctrl-C in a terminal sends it, part-way through epoch 1; then exactly the
+    command the run printed, which names no override of the run's: it composes them again from the run's record."""
+    train_cli(tmp_path / "straight", *EXACT)
+    run_dir = tmp_path / "interrupted"
+    process = subprocess.Popen(cli_command(run_dir, EXACT, cache_dir, tiny_root), cwd=PROJECT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, **QUIET}, start_new_session=True)
+    wait_for(lambda: (run_dir / "last.pt").exists(), process)  # epoch 0 is done
+    time.sleep(1.0)
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-3000:]
+    record = (run_dir / ".hydra/overrides.yaml").read_text()
+    printed = re.search(r"checkpoint saved: continue with (.+)$", stdout + stderr, re.MULTILINE)
+    assert printed, (stdout + stderr)[-3000:]
+    resumed = subprocess.run(shlex.split(printed[1]), cwd=PROJECT, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, **QUIET})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (run_dir / ".hydra/overrides.yaml").read_text() == record, "the record stays the run's own"
+    assert "resume: the run's own overrides from" in (run_dir / "train.log").read_text()
+    assert summary(run_dir)["steps"] == summary(tmp_path / "straight")["steps"] == 120
+    expected, resumed_weights = final_weights(tmp_path / "straight"), final_weights(run_dir)
+    assert all(torch.equal(expected[name], resumed_weights[name]) for name in expected)
 
 
 def test_a_stalled_run_asked_to_end_on_a_stall_ends_in_one_line_naming_its_stacks(tmp_path, cache_dir, tiny_root):

@@ -8,6 +8,7 @@ Each run ends with summary.json and a printed report: where the time went and wh
 import json
 import logging
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from . import options
 from .core import distributed, failures, faults
+from .core import record as run_record
 from .core.config import build, check
 from .core.distributed import World
 from .core.files import write_atomic
@@ -161,6 +163,8 @@ def run_epochs(run: Run, epochs: int) -> tuple[float, float]:
 
 
 def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) -> dict:
+    if run_record.restored_note:
+        log.info(run_record.restored_note)
     check(cfg)
     cudnn.configure(cfg.cudnn)
     random.seed(cfg.seed)
@@ -176,8 +180,8 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
             top1, top5 = run_epochs(run, cfg.train.epochs)
     except Preempted as stop:
         run.checkpoints.save(run.state())
-        log.info("stopped by %s at step %d (epoch %d, %d images into it); checkpoint saved: continue with resume=auto "
-                 "hydra.run.dir=%s", stop, run.step, run.epoch, run.images_in_epoch, run_dir)
+        log.info("stopped by %s at step %d (epoch %d, %d images into it); checkpoint saved: continue with %s", stop,
+                 run.step, run.epoch, run.images_in_epoch, run_record.resume_command(run_dir))
         return {}
     except BaseException as err:
         keep_progress(run, err)
@@ -204,6 +208,8 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     # Launchers such as submitit pickle the task function; one from "__main__" would be pickled by value with
     # everything it reaches (torch included, which cannot be), one from the package by its importable name.
+    from {{ cookiecutter.package }}.core import record as run_record
     from {{ cookiecutter.package }}.train import main as importable_main
 
+    sys.argv, run_record.restored_note = run_record.restored(sys.argv)  # resume=auto: the run's own overrides first
     importable_main()

@@ -1,0 +1,69 @@
+"""A run folder's record of the command line that started the run, and the command line that resumes it.
+
+Hydra writes a run's overrides to <run folder>/.hydra/overrides.yaml as it starts. `resume=auto hydra.run.dir=<folder>`
+alone must train that run on: `restored` puts the recorded overrides, and those given to earlier resumes (kept in
+.hydra/resumes.yaml), before the ones on the command line, so the ones given now apply on top, and tells Hydra not
+to write its record again (`hydra.output_subdir=null`): the record stays the run's own.
+"""
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import psutil
+import yaml
+from hydra._internal.utils import get_args_parser
+
+from .files import write_atomic
+
+PACKAGE = "{{ cookiecutter.package }}"
+RECORD, RESUMES = Path(".hydra/overrides.yaml"), Path(".hydra/resumes.yaml")
+restored_note: str | None = None  # what `restored` restored in this process, for train.py to log once logging is set up
+
+
+def key_of(override: str) -> str:
+    """The config key an override sets: `model.name` for `model.name=x`, `+model.name=x` and `~model.name`."""
+    return override.lstrip("~+").split("=", 1)[0]
+
+
+def value_of(overrides: list[str], key: str) -> str | None:
+    return next((override.split("=", 1)[1] for override in reversed(overrides) if key_of(override) == key
+                 and "=" in override), None)
+
+
+def split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """A command line's Hydra flags (--config-dir mine, ...) and its overrides."""
+    overrides = get_args_parser().parse_args(argv[1:]).overrides
+    return [arg for arg in argv[1:] if arg not in overrides], overrides
+
+
+def restored(argv: list[str]) -> tuple[list[str], str | None]:
+    """`argv` with the overrides its resumed run was started and resumed with put before its own, and a line that says
+    which were restored; `argv` as it is, and None, where it resumes no run with a record."""
+    flags, given = split(argv)
+    folder = value_of(given, "hydra.run.dir")
+    if value_of(given, "resume") is None or folder is None or not (Path(folder) / RECORD).is_file():
+        return argv, None
+    folder = Path(folder)
+    resumes = folder / RESUMES
+    resumed = yaml.safe_load(resumes.read_text()) if resumes.is_file() else []
+    earlier = [*yaml.safe_load((folder / RECORD).read_text()), *(override for given in resumed for override in given)]
+    now = {key_of(override) for override in given}
+    latest = {key_of(override): override for override in earlier if key_of(override) not in now}  # last one wins
+    kept = [override for override in earlier if latest.get(key_of(override)) == override]
+    if int(os.environ.get("RANK", 0)) == 0:
+        kept_for_next = [override for override in given if not key_of(override).startswith(("hydra.", "resume"))]
+        write_atomic(resumes, lambda path: path.write_text(yaml.safe_dump([*resumed, kept_for_next])))
+    note = (f"resume: the run's own overrides from {folder / RECORD}: {' '.join(kept) or 'none'}; given now: "
+            f"{' '.join(given)}")
+    return [argv[0], *flags, *kept, *given, "hydra.output_subdir=null"], note
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command line that carries the run in `run_dir` on from its checkpoint, as this one was launched: under
+    torchrun, torchrun's own command line (this process's parent's)."""
+    launched = [sys.executable, "-m", f"{PACKAGE}.train"]
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        agent = psutil.Process(os.getppid()).cmdline()
+        launched = agent[:agent.index(f"{PACKAGE}.train") + 1] if f"{PACKAGE}.train" in agent else launched
+    return shlex.join([*launched, *split(sys.argv)[0], "resume=auto", f"hydra.run.dir={run_dir}"])

@@ -1,0 +1,41 @@
+"""The run folder's record: `resume=auto hydra.run.dir=<folder>` composes the run's own overrides again, those given
+now on top, and never writes over the record; the line a stopped run prints is the command that resumes it."""
+import sys
+
+import yaml
+
+from {{ cookiecutter.package }}.core import record
+
+
+def test_a_resume_restores_the_runs_overrides_under_the_ones_given_with_it(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    started = ["data=imagenet", "data.root=/photos", "model.name=resnet18", "train.epochs=3", "+experiment=cpu_quick"]
+    (run / ".hydra/overrides.yaml").write_text(yaml.safe_dump(started))
+    argv, note = record.restored(["train.py", "--config-dir", "mine", "resume=auto", f"hydra.run.dir={run}",
+                                  "train.epochs=5"])
+    assert argv == ["train.py", "--config-dir", "mine", "data=imagenet", "data.root=/photos", "model.name=resnet18",
+                    "+experiment=cpu_quick", "resume=auto", f"hydra.run.dir={run}", "train.epochs=5",
+                    "hydra.output_subdir=null"]
+    assert note.endswith("given now: resume=auto hydra.run.dir=" + str(run) + " train.epochs=5")
+    assert yaml.safe_load((run / ".hydra/overrides.yaml").read_text()) == started  # the record stays the run's own
+
+    again, _ = record.restored(["train.py", "resume=auto", f"hydra.run.dir={run}"])  # epochs=5 is the run's now
+    assert "train.epochs=5" in again and "train.epochs=3" not in again
+    monkeypatch.setenv("RANK", "1")  # another rank of the job reads the record, and leaves writing it to rank 0
+    record.restored(["train.py", "resume=auto", f"hydra.run.dir={run}", "optim.lr=0.01"])
+    assert yaml.safe_load((run / ".hydra/resumes.yaml").read_text()) == [["train.epochs=5"], []]
+
+
+def test_a_command_line_that_resumes_nothing_recorded_is_left_as_it_is(tmp_path):
+    plain = ["train.py", "model.name=resnet18"]
+    assert record.restored(plain) == (plain, None)
+    elsewhere = ["train.py", "resume=auto", f"hydra.run.dir={tmp_path / 'new'}"]  # no record there: a fresh run
+    assert record.restored(elsewhere) == (elsewhere, None)
+
+
+def test_the_line_a_stopped_run_prints_resumes_it_as_it_was_launched(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setattr(sys, "argv", ["train.py", "--config-dir", "my conf", "data=imagenet"])
+    assert record.resume_command(tmp_path / "run") == (
+        f"{sys.executable} -m {record.PACKAGE}.train --config-dir 'my conf' resume=auto hydra.run.dir={tmp_path}/run")
