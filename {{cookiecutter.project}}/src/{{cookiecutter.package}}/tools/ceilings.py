@@ -21,7 +21,7 @@ from pathlib import Path
 from .. import options
 from ..core.hardware import cores_per_process
 from ..data.crops import TrainCrop
-from ..data.decoder import CpuDecoder, Unreadable, decoding
+from ..data.decoder import CpuDecoder, Unreadable, decoding, pillow_decode
 from ..data.format.folder import open_tree
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,9 @@ def fastest(files: list[bytes], decoders: dict[str, CpuDecoder], decode: Callabl
 
 
 def full_decode(decoder: CpuDecoder, data: bytes) -> None:
-    decoder.decode(data, 1)
+    """The whole image at full size, as training decodes the file: by Pillow where the decoder does not read it (a
+    JPEG cut short, which libjpeg-turbo would fill with grey rows and a warning)."""
+    decoder.decode(data, 1) if decoder.reads(data) else pillow_decode(data, 1)
 
 
 def region_decode(crop: TrainCrop) -> Callable:
