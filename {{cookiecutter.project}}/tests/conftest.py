@@ -325,10 +325,14 @@ def wait_for(condition, *processes: subprocess.Popen, timeout: float = 300) -> N
 
 
 def logged_windows(run_dir: Path) -> list[dict]:
-    """The logging windows logger=jsonl has written so far (not its first line, the setup time)."""
+    """The logging windows logger=jsonl has written so far, each with every scalar logged at its step: the rank
+    spread is a line of its own after the window's (the first line, the setup time, is no window)."""
     path = run_dir / "scalars.jsonl"
-    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [line for line in lines if "time/data_ms" in line]
+    windows = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        if "time/setup_s" not in (scalars := json.loads(line)):
+            windows.setdefault(scalars["step"], {}).update(scalars)
+    return list(windows.values())
 
 
 def stop_one_rank(job: subprocess.Popen, run_dir: Path, rank: str, timeout: float = 600):
