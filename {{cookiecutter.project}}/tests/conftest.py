@@ -5,17 +5,21 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
 from PIL import Image
 
 # What the project keeps for later runs (worker counts, file indexes) goes to a folder of the session's own, not the
@@ -217,6 +221,41 @@ def compose_tiny(cache_dir, tiny_root, packs):
             return compose("train", tiny(overrides, cache_dir, tiny_root))
 
     return composed
+
+
+@contextmanager
+def hydra_run(config: str, overrides: list[str], run_dir: Path, config_dir: Path = CONF) -> Iterator[DictConfig]:
+    """`config` composed with `overrides` as hydra.main hands it to its task, Hydra's own part set where
+    HydraConfig.get() finds it (the run folder, the overrides, the choices)."""
+    run_dir.mkdir(exist_ok=True)
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name=config):
+        cfg = compose(config, [*overrides, f"hydra.run.dir={run_dir}"], return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        yield cfg
+
+
+@pytest.fixture
+def train_in_process(cache_dir, tiny_root, packs, tmp_path, monkeypatch):
+    """train_in_process(*overrides) -> summary, as `python -m ... train` would run them, in this process."""
+    from {{ cookiecutter.package }}.core.distributed import setup
+    from {{ cookiecutter.package }}.core.forensics import Forensics
+    from {{ cookiecutter.package }}.train import train
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # torch has not looked yet: a CPU run whatever the machine
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    run_dir = tmp_path / "run"
+
+    def run(*overrides: str) -> dict:
+        with hydra_run("train", tiny(overrides, cache_dir, tiny_root), run_dir) as cfg:
+            return train(cfg, run_dir, setup(1.0), Forensics(run_dir, cfg.distributed.stall_min,
+                                                             cfg.distributed.stall_exit))
+
+    run.run_dir = run_dir
+    yield run
+    for number, handler in handlers.items():  # train() installs its own, for preemption
+        signal.signal(number, handler)
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from PIL import Image
 
 from conftest import tiny
 from slow_disk import SCRIPT, fusectl, missing_fuse, mount_entry, slow_disk
-from test_train_in_process import train_in_process  # noqa: F401 (a fixture)
 
 HDD_MS_PER_FILE = 12 + 8 + 8  # open, the getattr before it, and the seek of its first read (scripts/slowdisk.py)
 

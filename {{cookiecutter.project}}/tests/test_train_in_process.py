@@ -2,48 +2,17 @@
 line before anything is written. The fast tier's run; the command-line runs are in test_train.py."""
 import json
 import re
-import signal
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
-from omegaconf import open_dict
 
-from {{ cookiecutter.package }}.core.distributed import setup
 from {{ cookiecutter.package }}.core.failures import explain
-from {{ cookiecutter.package }}.core.forensics import Forensics
 from {{ cookiecutter.package }}.core.hardware import Hardware, probe
 from {{ cookiecutter.package }}.diagnosis.verdict import EPOCH_START_SHARE
 from {{ cookiecutter.package }}.loop.clock import Window
-from {{ cookiecutter.package }}.train import train
 
-from conftest import BAD_INPUT, CONF, tiny
-
-
-@pytest.fixture
-def train_in_process(cache_dir, tiny_root, packs, tmp_path, monkeypatch):
-    """train_in_process(*overrides) -> summary, as `python -m ... train` would run them, in this process."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # torch has not looked yet: a CPU run whatever the machine
-    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
-    run_dir = tmp_path / "run"
-
-    def run(*overrides: str) -> dict:
-        run_dir.mkdir(exist_ok=True)
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="train"):
-            cfg = compose("train", [*tiny(overrides, cache_dir, tiny_root), f"hydra.run.dir={run_dir}"],
-                          return_hydra_config=True)
-            HydraConfig.instance().set_config(cfg)
-            with open_dict(cfg):  # the task's config, as hydra.main hands it over
-                del cfg["hydra"]
-            return train(cfg, run_dir, setup(1.0), Forensics(run_dir, cfg.distributed.stall_min,
-                                                             cfg.distributed.stall_exit))
-
-    run.run_dir = run_dir
-    yield run
-    for number, handler in handlers.items():  # train() installs its own, for preemption
-        signal.signal(number, handler)
+from conftest import BAD_INPUT
 
 
 def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_in_process):
