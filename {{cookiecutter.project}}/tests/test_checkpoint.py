@@ -110,3 +110,29 @@ def test_processes_that_disagree_on_the_checkpoint_refuse_to_resume(tmp_path):
     assert path is None and state is None
     path, state = checkpoint.resume_state("auto", tmp_path, World(0, 0, 1, torch.device("cpu")))
     assert path == tmp_path / "last.pt" and state["step"] == 4
+
+
+def test_best_pt_holds_the_weights_of_the_best_validation_so_far(tmp_path):
+    checkpoints = checkpoint.Checkpoints(tmp_path, writes=True)
+    for step, top1 in ((1, 50.0), (2, 80.0), (3, 60.0)):
+        checkpoints.save({"step": step, "model": {"weight": torch.full((2,), float(step))}}, top1=top1)
+    checkpoints.save({"step": 4, "model": {"weight": torch.full((2,), 4.0)}})  # a stop mid-epoch: nothing validated
+    best, last = (checkpoint.load(tmp_path / name, torch.device("cpu")) for name in ("best.pt", "last.pt"))
+    assert best["step"] == 2 and torch.equal(best["model"]["weight"], torch.full((2,), 2.0)) and best["best_top1"] == 80
+    assert last["step"] == 4 and last["best_top1"] == 80  # what a resumed run compares its epochs with
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt", "last.pt"]
+
+
+def test_a_checkpoint_to_use_holds_its_classes_and_preprocessing_or_is_refused_in_one_line(tmp_path):
+    from {{ cookiecutter.package }}.contracts import Preprocessing
+
+    held = checkpoint.Inference(classes=["cat", "dog"], model={"name": "resnet18"},
+                                preprocessing=Preprocessing(mean=(0.5,) * 3, std=(0.2,) * 3, crop_size=32, resize=36))
+    checkpoint.save({"step": 1, "model": {}, "inference": held.state_dict()}, tmp_path / "new.pt")
+    assert checkpoint.load_trained(str(tmp_path / "new.pt"), torch.device("cpu"))[1] == held
+    checkpoint.save({"step": 1, "model": {}, "identity": {"model": "resnet18", "classes": 2}}, tmp_path / "old.pt")
+    with pytest.raises(ConfigError, match=r"^checkpoint=.*old.pt holds no class names or preprocessing: it was written "
+                                          "before checkpoints kept them"):
+        checkpoint.load_trained(str(tmp_path / "old.pt"), torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"^checkpoint=.*missing.pt: no such file"):
+        checkpoint.load_trained(str(tmp_path / "missing.pt"), torch.device("cpu"))

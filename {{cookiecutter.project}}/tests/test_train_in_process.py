@@ -20,6 +20,9 @@ def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_
     assert summary["steps"] == 6 and summary["skipped_files"] == 0  # 3 classes x 8 images, batch 4
     assert json.loads(json.dumps(summary)) == json.loads((train_in_process.run_dir / "summary.json").read_text())
     assert (train_in_process.run_dir / "last.pt").is_file() and any((train_in_process.run_dir / "tb").iterdir())
+    best = torch.load(train_in_process.run_dir / "best.pt")  # what evaluate, predict and export read
+    assert best["best_top1"] == summary["val_top1"]
+    assert best["inference"]["classes"] == ["class_000", "class_001", "class_002"]
     assert summary["bound"] in ("data", "compute") and summary["images_per_s"] > 0
     assert {"loader/read_share", "loader/upload_share"} <= set(summary["system"])  # the workers' and the uploads'
     assert Hardware.from_record(summary["hardware"]) == probe(torch.device(summary["hardware"]["device"]))

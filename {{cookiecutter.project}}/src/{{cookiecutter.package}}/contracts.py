@@ -246,6 +246,16 @@ class Prefetcher(ABC):
         """The epoch's batches, on the device."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Preprocessing:
+    """An image as a model's input: its shorter side resized to `resize`, the centre `crop_size` square cut (training
+    cuts random crops of that side), then each channel normalised as (x / 255 - mean) / std."""
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    crop_size: int
+    resize: int
+
+
 class Logger(Protocol):
     """Where each logging window's figures go. A write that fails raises `core.files.WriteError`, naming the file;
     `close` runs on every way out of the run, a failure's included, and logs what it cannot write instead."""

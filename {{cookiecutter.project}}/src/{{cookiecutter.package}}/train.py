@@ -16,11 +16,12 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
 from . import options
+from .contracts import Preprocessing
 from .core import distributed, failures, faults
 from .core import record as run_record
 from .core.config import build, check
@@ -29,12 +30,13 @@ from .core.files import write_atomic
 from .core.forensics import Forensics
 from .core.hardware import probe
 from .data.coverage import Coverage
+from .data.device import IMAGENET_MEAN, IMAGENET_STD
 from .data.loaders import make_loaders
 from .diagnosis.ranks import spread
 from .diagnosis.report import format_report, summarize
 from .diagnosis.sysmon import SystemMonitor
 from .loop import cudnn
-from .loop.checkpoint import Checkpoints, check_fits, resume_state
+from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
 from .loop.clock import make_clock
 from .loop.evaluate import evaluate
 from .loop.logger import NullLogger
@@ -81,7 +83,11 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
               hardware=hardware,
               log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
-              identity=identity, coverage=Coverage(len(loaders.splits.train)))
+              identity=identity, coverage=Coverage(len(loaders.splits.train)),
+              inference=Inference(classes=loaders.classes, model=OmegaConf.to_container(cfg.model, resolve=True),
+                                  preprocessing=Preprocessing(mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                                                              crop_size=cfg.data.crop_size,
+                                                              resize=cfg.data.val_resize)))
     if state:
         run.restore(state)
         run.checkpoints.saved_step = run.step
@@ -157,7 +163,7 @@ def run_epochs(run: Run, epochs: int) -> tuple[float, float]:
                 run.check_coverage()
                 run.epoch, run.images_in_epoch = run.epoch + 1, 0
             scores = validate(run)
-            run.checkpoints.save(run.state())
+            run.checkpoints.save(run.state(), top1=scores[0])
             run.forensics.progress()
     return scores or validate(run)  # a resumed run that had nothing left still reports its accuracy
 

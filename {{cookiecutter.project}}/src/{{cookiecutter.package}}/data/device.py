@@ -8,8 +8,12 @@ import torch
 
 from ..contracts import Decoder
 
-MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+# ImageNet's per-channel statistics, in 0..1 of the pixel range: what torchvision's weights and most of timm's were
+# trained with, and the normalisation of a run whose weights say nothing else.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+MEAN = tuple(255 * value for value in IMAGENET_MEAN)  # on 0..255 pixels, as the device normalises them
+STD = tuple(255 * value for value in IMAGENET_STD)
 
 
 class UploadTimes:

@@ -1,10 +1,16 @@
-"""Checkpoints, written atomically (files.write_atomic): a crash or a full disk never leaves half a file."""
+"""Checkpoints, written atomically (files.write_atomic): a crash or a full disk never leaves half a file.
+
+Each one holds, beside the weights and the training state, what using the model needs (`Inference`): the class
+names, the preprocessing and the model option's settings, so evaluate, predict and export read nothing else.
+"""
 import logging
 import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from ..contracts import Preprocessing
 from ..core.config import ConfigError
 from ..core.distributed import World
 from ..core.files import write_atomic
@@ -13,6 +19,26 @@ log = logging.getLogger(__name__)
 
 
 LAST = "last.pt"  # the checkpoint every epoch overwrites, and the one resume=auto looks for
+BEST = "best.pt"  # the checkpoint of the epoch with the best validation top-1 so far
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inference:
+    """What using a checkpoint's model needs beside its weights: the data's class names (in the order of the
+    outputs), how its inputs were prepared, and the model option's node, to build the architecture again."""
+    classes: list[str]
+    preprocessing: Preprocessing
+    model: dict
+
+    def state_dict(self) -> dict:
+        return {"classes": list(self.classes), "preprocessing": asdict(self.preprocessing), "model": self.model}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Inference":
+        held = state["preprocessing"]
+        return cls(classes=list(state["classes"]), model=dict(state["model"]),
+                   preprocessing=Preprocessing(mean=tuple(held["mean"]), std=tuple(held["std"]),
+                                               crop_size=held["crop_size"], resize=held["resize"]))
 
 
 def save(state: dict, path: Path) -> None:
@@ -26,15 +52,23 @@ def save(state: dict, path: Path) -> None:
 
 
 class Checkpoints:
-    """last.pt in the run folder, written by the main process only; the other ranks hold the same weights."""
+    """last.pt in the run folder, and best.pt beside it, written by the main process only; the other ranks hold the
+    same weights."""
 
     def __init__(self, run_dir: Path, writes: bool):
-        self.path, self.writes = run_dir / LAST, writes
+        self.path, self.best_path, self.writes = run_dir / LAST, run_dir / BEST, writes
         self.saved_step = -1  # the step of the last checkpoint written or resumed from; -1: none yet
+        self.best_top1 = -1.0  # the best validation top-1 saved so far, which a resumed run carries on from
 
-    def save(self, state: dict) -> None:
+    def save(self, state: dict, top1: float | None = None) -> None:
+        """last.pt; best.pt too where `top1`, the state's validation top-1, beats every one before it."""
+        better = top1 is not None and top1 > self.best_top1
+        self.best_top1 = top1 if better else self.best_top1
+        state = {**state, "best_top1": self.best_top1}
         if self.writes:
             save(state, self.path)
+            if better:
+                save(state, self.best_path)
         self.saved_step = state["step"]
 
 
@@ -60,11 +94,25 @@ def find(resume: str | None, run_dir: Path) -> Path | None:
     return path
 
 
-def load(path: Path, device: torch.device) -> dict:
+def load(path: Path, device: torch.device, key: str = "resume") -> dict:
+    """The checkpoint at `path`; `key`: the setting that named it, for the line that refuses a damaged file."""
     try:
         return torch.load(path, map_location=device)
     except Exception as err:  # torch raises RuntimeError, EOFError or UnpicklingError for a damaged file
-        raise ConfigError(f"resume: {path} is not a readable checkpoint ({err.__class__.__name__}: {err})") from err
+        raise ConfigError(f"{key}: {path} is not a readable checkpoint ({err.__class__.__name__}: {err})") from err
+
+
+def load_trained(checkpoint: str, device: torch.device) -> tuple[dict, Inference]:
+    """A checkpoint to use the model of (`checkpoint=` of evaluate, predict and export), and what it says about it."""
+    path = Path(checkpoint).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"checkpoint={checkpoint}: no such file; pass the last.pt or best.pt of a run folder")
+    state = load(path, device, "checkpoint")
+    if not isinstance(state, dict) or "inference" not in state:
+        raise ConfigError(f"checkpoint={checkpoint} holds no class names or preprocessing: it was written before "
+                          "checkpoints kept them, or by another program; train again, or fine-tune from its weights "
+                          f"with model.weights={checkpoint}")
+    return state, Inference.from_state(state["inference"])
 
 
 def check_fits(state: dict, model: torch.nn.Module, path: Path, identity: dict) -> None:

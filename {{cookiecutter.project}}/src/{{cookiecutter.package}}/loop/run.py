@@ -13,7 +13,7 @@ from ..core.hardware import Hardware
 from ..data.coverage import NO_RECORD, Coverage, EpochRecord
 from ..data.loaders import Loaders
 from ..diagnosis.sysmon import SystemMonitor
-from .checkpoint import Checkpoints
+from .checkpoint import Checkpoints, Inference
 from .clock import Clock, Window
 from .precision import NonFiniteLoss, Precision
 from .preempt import StopRequest
@@ -43,6 +43,7 @@ class Run:
     max_steps: int | None
     limit_val_batches: int | None
     coverage: Coverage  # each epoch's check that it trained every image once
+    inference: Inference  # what a checkpoint holds for evaluate, predict and export: classes, preprocessing, model
     epoch: int = 0
     step: int = 0
     images_in_epoch: int = 0  # images of the current epoch all processes together trained on
@@ -99,8 +100,8 @@ class Run:
     def state(self) -> dict:
         return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
-                "identity": self.identity, "epoch": self.epoch, "step": self.step,
-                "images_in_epoch": self.images_in_epoch,
+                "identity": self.identity, "inference": self.inference.state_dict(), "epoch": self.epoch,
+                "step": self.step, "images_in_epoch": self.images_in_epoch,
                 "loader": self.loaders.train.state(self.epoch, self.images_in_epoch),
                 "unreadable": self.loaders.splits.unreadable_state(),
                 "coverage": self.coverage.state_dict(self.images_in_epoch, self.loaders.train.coverage()),
@@ -111,6 +112,7 @@ class Run:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("scaler", {}))
+        self.checkpoints.best_top1 = state.get("best_top1", self.checkpoints.best_top1)
         self.epoch, self.step, self.images_in_epoch = state["epoch"], state["step"], state["images_in_epoch"]
         self.loaders.train.load_state(state.get("loader", {}))
         self.loaders.splits.load_unreadable_state(state.get("unreadable", {}))
