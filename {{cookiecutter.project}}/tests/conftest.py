@@ -328,6 +328,9 @@ BAD_INPUT = {
     "data.val_resize below the crop": ["data.crop_size=64", "data.val_resize=32"],
     "order=blocks on files": ["format=folder", "order=blocks"],
     "order.window=0": ["format=lmdb", "order=blocks", "order.window=0"],
+    "model.weights absent": ["model.weights=/no/such/weights.pt"],
+    "model.weights=NOSUCH": ["model.weights=NOSUCH"],
+    "data.mean of two channels": ["data.mean=[0.5,0.5]"],
 }
   # 120 images: 30 steps per epoch for one process
 

@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.contracts import Decoder, Layout, Order, Store
+from {{ cookiecutter.package }}.contracts import Decoder, Layout, Network, Order, Store
 from {{ cookiecutter.package }}.core.config import (
     FACTS,
     RANGES,
@@ -42,8 +42,9 @@ def check_data(source, cfg, tmp_path, option):
     assert (source.root / "train").is_dir() and len(list((source.root / "train").iterdir())) == 3
 
 
-def check_model(model, cfg, tmp_path, option):
-    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 3)
+def check_model(network, cfg, tmp_path, option):
+    assert isinstance(network, Network) and network.weights is None  # random: nothing to download
+    assert network.architecture(3).eval()(torch.randn(2, 3, 32, 32)).shape == (2, 3)
 
 
 def check_optim(optimizer, cfg, tmp_path, option):
@@ -156,7 +157,7 @@ def format_args(tmp_path, tiny_root):
 
 RUNTIME = {
     "data": (lambda tmp_path: {}, check_data),
-    "model": (lambda tmp_path: {"data_classes": 3}, check_model),
+    "model": (lambda tmp_path: {}, check_model),
     "optim": (lambda tmp_path: {"model": tiny_model()}, check_optim),
     "schedule": (schedule_args, check_schedule),
     "logger": (lambda tmp_path: {"run_dir": tmp_path}, check_logger),

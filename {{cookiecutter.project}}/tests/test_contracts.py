@@ -89,7 +89,7 @@ def test_every_module_is_short_enough_to_own(path):
     assert len(path.read_text().splitlines()) <= LONGEST_MODULE
 
 
-CONTRACTS = {"decoder": contracts.Decoder, "prefetcher": contracts.Prefetcher}
+CONTRACTS = {"decoder": contracts.Decoder, "prefetcher": contracts.Prefetcher, "model": contracts.Network}
 
 
 @pytest.mark.parametrize("group", sorted(CONTRACTS))

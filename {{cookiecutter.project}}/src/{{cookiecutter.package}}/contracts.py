@@ -13,6 +13,7 @@ loader assembly, the loop, the report, the tools) sees only the contracts below,
 | `prefetcher` | `Prefetcher`                     | data/prefetcher.py                        |
 | `logger`     | `Logger`                         | loop/logger.py                            |
 | `profiler`   | `Profiler`                       | loop/profiler.py                          |
+| `model`      | `Network`                        | loop/model/<option>.py                    |
 
 A format that shards, shuffles and keeps its own place in the stream (litdata) also brings its training
 loader, a `ResumableLoader`, as the loader assembly's own is (data/loaders.py).
@@ -33,6 +34,7 @@ from torch.utils.data import default_collate
 
 if TYPE_CHECKING:
     from .data.coverage import EpochTrace
+    from .loop.model import Pretrained
 
 Box = tuple[float, float, float, float]  # left, top, right, bottom, in pixels of the full-size image
 Run = tuple[int, int]  # consecutive records start..stop-1, which one loader worker reads in one request
@@ -254,6 +256,21 @@ class Preprocessing:
     std: tuple[float, float, float]
     crop_size: int
     resize: int
+
+
+class Network(ABC):
+    """A `model` option: an architecture by name and its library's weights (files and heads: loop/model/__init__.py)."""
+    name: str
+    weights: str | None  # model.weights: a name the library knows, or a local file; None: random
+    num_classes: int  # 0: the data's
+
+    @abstractmethod
+    def architecture(self, classes: int) -> torch.nn.Module:
+        """The model with `classes` outputs, randomly initialised."""
+
+    @abstractmethod
+    def library_weights(self) -> "Pretrained":
+        """The weights model.weights names in the library's words, which it downloads once, into its cache."""
 
 
 class Logger(Protocol):

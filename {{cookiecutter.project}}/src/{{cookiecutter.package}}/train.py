@@ -21,17 +21,16 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
 from . import options
-from .contracts import Preprocessing
 from .core import distributed, failures, faults
 from .core import record as run_record
-from .core.config import build, check
+from .core.config import build, check, chosen_keys
 from .core.distributed import World
 from .core.files import write_atomic
 from .core.forensics import Forensics
 from .core.hardware import probe
 from .data.coverage import Coverage
-from .data.device import IMAGENET_MEAN, IMAGENET_STD
 from .data.loaders import make_loaders
+from .data.sources import fit_preprocessing
 from .diagnosis.ranks import spread
 from .diagnosis.report import format_report, summarize
 from .diagnosis.sysmon import SystemMonitor
@@ -40,7 +39,7 @@ from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
 from .loop.clock import make_clock
 from .loop.evaluate import evaluate
 from .loop.logger import NullLogger
-from .loop.model import compiled
+from .loop.model import compiled, load_weights, make_model
 from .loop.precision import make_precision
 from .loop.preempt import Preempted, StopRequest
 from .loop.profiler import NoProfiler
@@ -53,12 +52,16 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
     """Build data, model and helpers; everything that can refuse the config does so before any file is written."""
     device, injected = world.device, faults.on_rank(cfg.faults, world.rank)
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
+    network = build(cfg.model)
+    pretrained = load_weights(network)  # before the data: its preprocessing is the weights' own, unless set
+    preprocessing = fit_preprocessing(cfg.data, pretrained and pretrained.preprocessing, chosen_keys(cfg, "data"))
     loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.order, cfg.decoder, cfg.prefetcher, cfg.loader,
                            batch_size=cfg.train.batch_size, seed=cfg.seed, world=world, memory_format=memory_format,
                            faults=injected)
     hardware = probe(device)
     precision = make_precision(cfg.precision, device, hardware)
-    model = world.wrap(build(cfg.model, data_classes=len(loaders.classes)).to(device), cfg.distributed.sync_bn)
+    model = make_model(network, pretrained, len(loaders.classes)).to(device, memory_format=memory_format)
+    model = world.wrap(model, cfg.distributed.sync_bn)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
                      precision, memory_format)
     faults.slow_host(model, injected.host_delay_ms)
@@ -84,10 +87,8 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
               log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
               identity=identity, coverage=Coverage(len(loaders.splits.train)),
-              inference=Inference(classes=loaders.classes, model=OmegaConf.to_container(cfg.model, resolve=True),
-                                  preprocessing=Preprocessing(mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                                                              crop_size=cfg.data.crop_size,
-                                                              resize=cfg.data.val_resize)))
+              inference=Inference(classes=loaders.classes, preprocessing=preprocessing,
+                                  model=OmegaConf.to_container(cfg.model, resolve=True)))
     if state:
         run.restore(state)
         run.checkpoints.saved_step = run.step

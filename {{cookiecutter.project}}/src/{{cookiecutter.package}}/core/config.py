@@ -202,6 +202,19 @@ def check(cfg: DictConfig) -> None:
     check_ranges(cfg)
 
 
+def chosen_keys(cfg: DictConfig, group: str) -> set[str]:
+    """The keys of `group` that the command line or a recipe set, beyond its option's file: those an override names,
+    and those whose value differs from the option composed alone. Every key of it where Hydra did not start the run,
+    since a config composed in code names its values."""
+    node = cfg[group]
+    if not HydraConfig.initialized():
+        return set(node)
+    run = HydraConfig.get()
+    named = {override.lstrip("+~").split("=")[0] for override in run.overrides.task}
+    alone = compose(run.job.config_name, overrides=[f"{group}={run.runtime.choices[group]}"])[group]
+    return {key for key in node if f"{group}.{key}" in named or node.get(key) != alone.get(key)}
+
+
 def linear_lr(base: float, reference_batch: int, *, _root_) -> float:
     """`base` per `reference_batch` images of the global batch, train.batch_size times the processes of the job
     (torchrun's WORLD_SIZE): the linear scaling rule of Goyal et al. (arXiv:1706.02677)."""

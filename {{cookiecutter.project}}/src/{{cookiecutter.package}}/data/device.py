@@ -9,7 +9,7 @@ import torch
 from ..contracts import Decoder
 
 # ImageNet's per-channel statistics, in 0..1 of the pixel range: what torchvision's weights and most of timm's were
-# trained with, and the normalisation of a run whose weights say nothing else.
+# trained with, and the normalisation of a run whose weights say nothing else (data.mean, data.std).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 MEAN = tuple(255 * value for value in IMAGENET_MEAN)  # on 0..255 pixels, as the device normalises them
@@ -67,10 +67,12 @@ class ToDevice:
     """A collated batch -> (normalised float images, labels) on the device; prefetchers choose when and where."""
 
     def __init__(self, decoder: Decoder, device: torch.device, non_blocking: bool,
-                 memory_format: torch.memory_format = torch.contiguous_format):
+                 memory_format: torch.memory_format = torch.contiguous_format,
+                 mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD):
+        """`mean`, `std`: per channel, in 0..1 of the pixel range."""
         self.decoder, self.device, self.non_blocking, self.memory_format = decoder, device, non_blocking, memory_format
-        self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
-        self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+        self.mean = torch.tensor([255 * value for value in mean], device=device).view(1, 3, 1, 1)
+        self.std = torch.tensor([255 * value for value in std], device=device).view(1, 3, 1, 1)
         self.times = UploadTimes()
 
     def __call__(self, batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -208,7 +208,8 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     val = make_loader(splits.val, batch_size, False, seed, world, collate=splits.val.times.timed(chosen.collate),
                       **settings)
     # A ToDevice each, so that the training batches' upload times leave out validation's.
-    to_device, val_to_device = (ToDevice(chosen, world.device, non_blocking, memory_format) for _ in range(2))
+    to_device, val_to_device = (ToDevice(chosen, world.device, non_blocking, memory_format, source.mean, source.std)
+                                for _ in range(2))
     train = build(prefetcher, to_device=to_device, loader=train)
     val = build(prefetcher, to_device=val_to_device, loader=val)
     return Loaders(train, val, settings["num_workers"], splits, to_device.times,

@@ -1,10 +1,15 @@
-"""Where the images come from: `data=imagenet|synthetic`, the path of a JPEG tree and the crops to cut."""
+"""Where the images come from: `data=imagenet|synthetic`, the path of a JPEG tree, the crops to cut and the
+normalisation; and how a run's preprocessing is settled between the data's keys and the model's weights."""
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import DictConfig, open_dict
+
+from ..contracts import Preprocessing
 from ..core.config import ConfigError
 from . import synth
+from .device import IMAGENET_MEAN, IMAGENET_STD
 
 log = logging.getLogger(__name__)
 
@@ -17,22 +22,60 @@ class Source:
     val_resize: int
     on_error: str
     max_bad_fraction: float = 0.01
+    mean: tuple[float, ...] = IMAGENET_MEAN  # per channel, in 0..1 of the pixel range
+    std: tuple[float, ...] = IMAGENET_STD
 
 
-def imagenet(root: str | None, crop_size: int, val_resize: int, on_error: str,
-             max_bad_fraction: float = 0.01) -> Source:
+def channels(key: str, values, default: tuple[float, ...]) -> tuple[float, ...]:
+    """data.mean or data.std as three numbers (null: `default`), or refuse it in one line."""
+    if values is None:
+        return default
+    try:
+        numbers = tuple(float(value) for value in values)
+    except (TypeError, ValueError):
+        numbers = ()
+    if len(numbers) != 3 or (key == "data.std" and min(numbers) <= 0):
+        raise ConfigError(f"{key}={values} is not three {'positive ' if key == 'data.std' else ''}numbers, one per "
+                          f"channel (R, G, B) in 0..1 of the pixel range, such as {key}=[{','.join(map(str, default))}]")
+    return numbers
+
+
+def imagenet(root: str | None, crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01,
+             mean=None, std=None) -> Source:
     """The ImageNet layout: root/train/<class>/* and root/val/<class>/*."""
     path = Path(root).expanduser() if root else None
     if path is not None and not path.is_dir():
         raise ConfigError(f"data.root={root} does not exist")
-    return Source(path, crop_size, val_resize, on_error, max_bad_fraction)
+    return Source(path, crop_size, val_resize, on_error, max_bad_fraction, channels("data.mean", mean, IMAGENET_MEAN),
+                  channels("data.std", std, IMAGENET_STD))
 
 
 def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_dir: str,
-              crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01) -> Source:
+              crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01, mean=None,
+              std=None) -> Source:
     """The built-in data set, written once per size into cache_dir and reused."""
     root = Path(cache_dir).expanduser() / f"c{num_classes}-t{train_per_class}-v{val_per_class}"
     if not (root / "val").is_dir():
         log.info("writing the synthetic data set to %s (once)", root)
         synth.write_dataset(root, num_classes, train_per_class, val_per_class)
-    return Source(root, crop_size, val_resize, on_error, max_bad_fraction)
+    return Source(root, crop_size, val_resize, on_error, max_bad_fraction, channels("data.mean", mean, IMAGENET_MEAN),
+                  channels("data.std", std, IMAGENET_STD))
+
+
+def fit_preprocessing(data: DictConfig, own: Preprocessing | None, chosen: set[str]) -> Preprocessing:
+    """The run's preprocessing, written into `data`: data.mean and data.std where set, else the weights' own (`own`),
+    else ImageNet's; data.crop_size and data.val_resize where `chosen` (set on the command line or by a recipe), else
+    the weights' own, the resize kept in their proportion to the crop."""
+    mean = channels("data.mean", data.get("mean"), own.mean if own else IMAGENET_MEAN)
+    std = channels("data.std", data.get("std"), own.std if own else IMAGENET_STD)
+    crop = data.crop_size if own is None or "crop_size" in chosen else own.crop_size
+    resize = data.val_resize if own is None or "val_resize" in chosen else round(own.resize * crop / own.crop_size)
+    if resize < crop:
+        raise ConfigError(f"data.val_resize={resize} is smaller than data.crop_size={crop}: the validation crop is cut "
+                          "from the resized image; raise data.val_resize")
+    with open_dict(data):
+        data.mean, data.std, data.crop_size, data.val_resize = list(mean), list(std), crop, resize
+    log.info("inputs: %d-pixel crops (validation: of images resized to %d), normalised with mean %s and std %s%s",
+             crop, resize, [round(value, 4) for value in mean], [round(value, 4) for value in std],
+             "; the weights' own where the data's keys set none" if own else "")
+    return Preprocessing(mean=mean, std=std, crop_size=crop, resize=resize)
