@@ -103,7 +103,7 @@ def test_the_abstract_contracts_are_enforced_on_each_option_class(group):
             assert issubclass(built, CONTRACTS[group]) and not built.__abstractmethods__, target
 
 
-OPTIONAL = ("lmdb", "litdata", "torchcodec", "moto", "matplotlib", "nvidia.dali", "submitit")  # the extras
+OPTIONAL = ("lmdb", "litdata", "torchcodec", "moto", "matplotlib", "nvidia.dali", "submitit", "timm")  # the extras
 
 
 @pytest.mark.full

@@ -1,17 +1,26 @@
-"""Fine-tuning's start: weights from a local file or from torch hub's cache, the classifier head fitted to the data's
-classes, and the inputs prepared as the weights were. Nothing is downloaded: each test fills the cache the library
-reads."""
+"""Fine-tuning's start: weights from a local file, from torch hub's cache or from timm's Hugging Face cache, the
+classifier head fitted to the data's classes, and the inputs prepared as the weights were. Nothing is downloaded:
+each test fills the cache the library reads."""
 import pytest
 import torch
 import torchvision
 from omegaconf import OmegaConf
 
+from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.contracts import Preprocessing
 from {{ cookiecutter.package }}.core.config import ConfigError, build
+from {{ cookiecutter.package }}.core.distributed import setup
+from {{ cookiecutter.package }}.core.forensics import Forensics
 from {{ cookiecutter.package }}.data.device import IMAGENET_MEAN, IMAGENET_STD
 from {{ cookiecutter.package }}.data.sources import fit_preprocessing
 from {{ cookiecutter.package }}.loop.checkpoint import Inference
 from {{ cookiecutter.package }}.loop.model import find_head, load_weights, make_model
+from {{ cookiecutter.package }}.train import make_run
+
+from conftest import hydra_run, tiny
+
+TIMM_MISSING = options.facts("model", "timm").missing()
+TIMM_TEST_MODEL = "test_resnet.r160_in1k"  # timm's own test network, 0.5 M parameters, normalised with 0.5 and 0.5
 
 
 def network(compose_tiny, *overrides: str):
@@ -48,6 +57,16 @@ def test_weights_of_the_data_classes_keep_their_head_too(compose_tiny, tmp_path)
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in state.items())
 
 
+def test_a_safetensors_file_starts_the_model_too(compose_tiny, tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch", reason="reading .safetensors needs the timm extra: "
+                                                                   "pip install -e '.[timm]'")
+    state = random_state("resnet18", 3)
+    safetensors.save_file(state, tmp_path / "weights.safetensors")
+    built = network(compose_tiny, f"model.weights={tmp_path / 'weights.safetensors'}")
+    model = make_model(built, load_weights(built), data_classes=3)
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in state.items())
+
+
 def test_the_head_is_found_by_its_outputs_whatever_the_architecture():
     assert find_head(torchvision.models.mobilenet_v3_small(num_classes=7), 7, "mobilenet_v3_small") == "classifier.3"
     assert find_head(torchvision.models.squeezenet1_1(num_classes=7), 7, "squeezenet1_1") == "classifier.1"  # 1x1 conv
@@ -71,6 +90,53 @@ def test_torchvision_weights_by_name_come_from_torch_hubs_cache_with_their_prepr
     assert model.classifier[1].out_features == 3
     starts_from(model, {**state, "classifier.1.weight": model.classifier[1].weight,
                         "classifier.1.bias": model.classifier[1].bias}, "classifier.1")
+
+
+@pytest.fixture
+def timm_cache(tmp_path, monkeypatch):
+    """A Hugging Face cache holding TIMM_TEST_MODEL's weights (random ones, as huggingface_hub lays a download out),
+    read offline; returns the weights."""
+    if TIMM_MISSING:
+        pytest.skip(f"model=timm: {TIMM_MISSING}")
+    import timm
+    from huggingface_hub import constants
+    from safetensors.torch import save_file
+
+    state = timm.create_model(TIMM_TEST_MODEL, pretrained=False).state_dict()
+    repo, commit = tmp_path / "hf/hub/models--timm--test_resnet.r160_in1k", "0" * 40
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs/main").write_text(commit)  # the revision a lookup by name resolves to
+    save_file({name: tensor.contiguous() for name, tensor in state.items()}, snapshot / "model.safetensors")
+    # huggingface_hub reads HF_HOME and HF_HUB_OFFLINE once, when imported: its constants, set for this test.
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf/hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return state
+
+
+def test_timm_weights_come_from_the_hugging_face_cache_and_their_normalisation_reaches_the_device(
+        timm_cache, cache_dir, tiny_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    run_dir = tmp_path / "run"
+    overrides = tiny(("model=timm", f"model.name={TIMM_TEST_MODEL}", "model.weights=pretrained", "logger=none"),
+                     cache_dir, tiny_root)
+    with hydra_run("train", overrides, run_dir) as cfg:
+        run = make_run(cfg, run_dir, setup(1.0), Forensics(run_dir, 10.0, False))
+    run.clock.close()
+    assert run.model.fc.out_features == 3
+    starts_from(run.model, {**timm_cache, "fc.weight": run.model.fc.weight, "fc.bias": run.model.fc.bias}, "fc")
+    for to_device in (run.loaders.train.to_device, run.loaders.val.to_device):  # the weights' 0.5, not ImageNet's
+        assert to_device.mean.flatten().tolist() == [127.5] * 3 and to_device.std.flatten().tolist() == [127.5] * 3
+    assert run.inference.preprocessing == Preprocessing(mean=(0.5,) * 3, std=(0.5,) * 3, crop_size=32, resize=36)
+
+
+def test_timm_knows_only_its_own_word_for_its_weights(compose_tiny):
+    if TIMM_MISSING:
+        pytest.skip(f"model=timm: {TIMM_MISSING}")
+    built = network(compose_tiny, "model=timm", f"model.name={TIMM_TEST_MODEL}", "model.weights=DEFAULT")
+    with pytest.raises(ConfigError, match="model.weights=DEFAULT: timm's weights are model.weights=pretrained"):
+        load_weights(built)
 
 
 def test_the_weights_preprocessing_applies_where_the_data_keys_set_none():

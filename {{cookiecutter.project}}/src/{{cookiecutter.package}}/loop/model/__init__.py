@@ -1,11 +1,12 @@
 """The network: `model=<option>`, an architecture by name that starts from random weights, from its library's own
-(`model.weights=DEFAULT` with torchvision) or from a local file, its classifier head then fitted to the data's
-classes. Pick weights to fine-tune on a data set of your own.
+(`model.weights=DEFAULT` with torchvision, `pretrained` with timm) or from a local file, its classifier head then
+fitted to the data's classes. Pick weights to fine-tune on a data set of your own.
 
-What every option shares lives here: reading a weights file (a state_dict, or a checkpoint this project wrote, which
-brings the preprocessing its weights were trained with), and finding the head generically (the last Linear layer, or
-1x1 convolution, whose outputs are the weights' classes) and giving it the data's. An option (loop/model/<option>.py,
-a `Network`) says only what its library knows: the architecture, and its weights by name with their preprocessing.
+What every option shares lives here: reading a weights file (a state_dict, a .safetensors file, or a checkpoint
+this project wrote, which brings the preprocessing its weights were trained with), finding the head generically
+(the last Linear layer, or 1x1 convolution, whose outputs are the weights' classes) and giving it the data's. An
+option (loop/model/<option>.py, a `Network`) says only what its library knows: the architecture, and its weights by
+name with their preprocessing.
 
 `model.channels_last=true` stores activations NHWC, the layout tensor-core convolutions want (the inputs
 follow, converted on the device). `model.compile=true` applies torch.compile; the compilation is done by
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ...contracts import Network, Preprocessing
-from ...core.config import ConfigError
+from ...core.config import ConfigError, optional_import
 from ..checkpoint import Inference, load
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ def load_weights(network: Network) -> Pretrained | None:
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], Preprocessing | None]:
     """A weights file's tensors by name, and the preprocessing it was trained with where it is a checkpoint of this
     project."""
+    if path.suffix == ".safetensors":
+        return optional_import("safetensors.torch", "timm").load_file(path), None
     held = load(path, CPU, "model.weights")
     inference = held.get("inference") if isinstance(held, dict) else None
     if isinstance(held, dict) and isinstance(held.get("model"), dict):  # a checkpoint of this project's
