@@ -330,6 +330,7 @@ BAD_INPUT = {
     "order.window=0": ["format=lmdb", "order=blocks", "order.window=0"],
     "model.weights absent": ["model.weights=/no/such/weights.pt"],
     "model.weights=NOSUCH": ["model.weights=NOSUCH"],
+    "train.freeze_epochs without weights": ["train.freeze_epochs=1"],
     "data.mean of two channels": ["data.mean=[0.5,0.5]"],
 }
   # 120 images: 30 steps per epoch for one process

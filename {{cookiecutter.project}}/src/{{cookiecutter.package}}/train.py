@@ -39,6 +39,7 @@ from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
 from .loop.clock import make_clock
 from .loop.evaluate import evaluate
 from .loop.logger import NullLogger
+from .loop.freeze import FrozenBackbone
 from .loop.model import compiled, load_weights, make_model
 from .loop.precision import make_precision
 from .loop.preempt import Preempted, StopRequest
@@ -61,7 +62,9 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
     hardware = probe(device)
     precision = make_precision(cfg.precision, device, hardware)
     model = make_model(network, pretrained, len(loaders.classes)).to(device, memory_format=memory_format)
-    model = world.wrap(model, cfg.distributed.sync_bn)
+    freeze = FrozenBackbone(model, cfg.train.freeze_epochs, network.num_classes or len(loaders.classes), network.name,
+                            pretrained is not None)
+    model = world.wrap(model, cfg.distributed.sync_bn, partly_frozen=cfg.train.freeze_epochs > 0)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
                      precision, memory_format)
     faults.slow_host(model, injected.host_delay_ms)
@@ -86,7 +89,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
               hardware=hardware,
               log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
-              identity=identity, coverage=Coverage(len(loaders.splits.train)),
+              identity=identity, coverage=Coverage(len(loaders.splits.train)), freeze=freeze,
               inference=Inference(classes=loaders.classes, preprocessing=preprocessing,
                                   model=OmegaConf.to_container(cfg.model, resolve=True)))
     if state:
@@ -122,6 +125,7 @@ def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
 def train_one_epoch(run: Run, epoch: int) -> bool:
     """Train from where the epoch stands until the loader or train.max_steps runs out; True if it ended."""
     run.model.train()
+    run.freeze.set_epoch(epoch)
     run.loaders.train.set_epoch(epoch, skip_images=run.images_in_epoch)
     batches_left = len(run.loaders.train)
     loss_sum = torch.zeros((), device=run.device)

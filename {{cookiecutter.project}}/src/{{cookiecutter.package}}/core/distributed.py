@@ -58,13 +58,16 @@ class World:
             dist.all_gather_object(names, names[self.rank])
         return names
 
-    def wrap(self, model: torch.nn.Module, sync_bn: bool) -> torch.nn.Module:
-        """DDP around the model when there are several processes; BatchNorm statistics shared if `sync_bn`."""
+    def wrap(self, model: torch.nn.Module, sync_bn: bool, partly_frozen: bool = False) -> torch.nn.Module:
+        """DDP around the model when there are several processes; BatchNorm statistics shared if `sync_bn`.
+        `partly_frozen`: some parameters take no gradient for a while (train.freeze_epochs), which DDP, waiting for
+        every parameter's gradient, must then look for at each step."""
         if self.size == 1:
             return model
         if sync_bn:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None)
+        return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None,
+                                       find_unused_parameters=partly_frozen)
 
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))  # one process on the CPU, as the tools read

@@ -15,6 +15,7 @@ from ..data.loaders import Loaders
 from ..diagnosis.sysmon import SystemMonitor
 from .checkpoint import Checkpoints, Inference
 from .clock import Clock, Window
+from .freeze import FrozenBackbone
 from .precision import NonFiniteLoss, Precision
 from .preempt import StopRequest
 
@@ -43,6 +44,7 @@ class Run:
     max_steps: int | None
     limit_val_batches: int | None
     coverage: Coverage  # each epoch's check that it trained every image once
+    freeze: FrozenBackbone  # which layers train in each epoch: all, or the head alone at a fine-tune's start
     inference: Inference  # what a checkpoint holds for evaluate, predict and export: classes, preprocessing, model
     epoch: int = 0
     step: int = 0
