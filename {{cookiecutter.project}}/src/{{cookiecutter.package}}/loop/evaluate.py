@@ -27,3 +27,23 @@ def evaluate(model: torch.nn.Module, loader, precision: Precision, world: World,
         counts[2] += len(labels)
     hits1, hits5, seen = world.sum(counts).tolist()
     return 100 * hits1 / max(1, seen), 100 * hits5 / max(1, seen)
+
+
+@torch.no_grad()
+def confusion(model: torch.nn.Module, loader, precision: Precision, world: World,
+              model_class: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The confusion matrix over `loader` (a row per true class, a column per predicted one, among the model's
+    first len(model_class) outputs) and the top-5 hits, summed over processes. `model_class[label]`: the model's
+    output for the data's class `label`, since the data may lack some of the classes the model was trained on."""
+    model.eval()
+    classes = len(model_class)
+    model_class = model_class.to(world.device)
+    counts = torch.zeros(classes * classes, device=world.device, dtype=torch.long)
+    hits5 = torch.zeros(1, device=world.device, dtype=torch.long)
+    for images, labels in loader:
+        with precision.autocast():
+            output = model(images)[:, :classes]  # outputs beyond the checkpoint's classes name none
+        target = model_class[labels]
+        counts += torch.bincount(target * classes + output.argmax(dim=1), minlength=classes * classes)
+        hits5 += accuracy(output, target, topk=(5,))
+    return world.sum(counts).view(classes, classes).cpu(), int(world.sum(hits5).item())

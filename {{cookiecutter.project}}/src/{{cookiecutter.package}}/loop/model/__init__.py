@@ -4,9 +4,9 @@ fitted to the data's classes. Pick weights to fine-tune on a data set of your ow
 
 What every option shares lives here: reading a weights file (a state_dict, a .safetensors file, or a checkpoint
 this project wrote, which brings the preprocessing its weights were trained with), finding the head generically
-(the last Linear layer, or 1x1 convolution, whose outputs are the weights' classes) and giving it the data's. An
-option (loop/model/<option>.py, a `Network`) says only what its library knows: the architecture, and its weights by
-name with their preprocessing.
+(the last Linear layer, or 1x1 convolution, whose outputs are the weights' classes) and giving it the data's, and
+building a checkpoint's model again for evaluate, predict and export. An option (loop/model/<option>.py, a
+`Network`) says only what its library knows: the architecture, and its weights by name with their preprocessing.
 
 `model.channels_last=true` stores activations NHWC, the layout tensor-core convolutions want (the inputs
 follow, converted on the device). `model.compile=true` applies torch.compile; the compilation is done by
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from ...contracts import Network, Preprocessing
-from ...core.config import ConfigError, optional_import
+from ...core.config import ConfigError, build, optional_import
 from ..checkpoint import Inference, load
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,14 @@ def make_model(network: Network, pretrained: Pretrained | None, data_classes: in
         log.info("model.weights=%s: every layer from its weights but the head, %s, new with %d outputs (the weights "
                  "had %d)", network.weights, head, classes, pretrained.classes)
     return model
+
+
+def trained_model(state: dict, inference: Inference) -> torch.nn.Module:
+    """A checkpoint's model, its architecture built again from the model option's settings, in eval mode."""
+    network = build(OmegaConf.create({**inference.model, "weights": None}))  # the checkpoint has the weights
+    model = network.architecture(network.num_classes or len(inference.classes))
+    model.load_state_dict(state["model"])
+    return model.eval()
 
 
 def compiled(model: torch.nn.Module, enabled: bool, batch_shape: tuple[int, ...], precision,
