@@ -216,29 +216,31 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
                    setup={"data_s": opened - started, "workers_s": picked - opened})
 
 
-def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, order: DictConfig) -> None:
-    """Refuse, in one line, a CPU decoder that is not installed (naming the fastest one that is), a decoder that
-    does not fit what the format stores, a staging with nothing to copy and an order that reads runs of records
-    from a format that cannot.
-
-    A CPU decoder that is not installed and that no one picked (the default decoder=turbojpeg, where it has no wheel:
-    Linux on Arm) gives way instead, with one warning: `decoder` then holds the fastest CPU decoder installed here,
-    which the loader assembly builds."""
-    stored, decoding = options.facts_of(format), options.facts_of(decoder)
-    picked = {group: f"{group}={options.name_of(group, node)}"
-              for group, node in (("format", format), ("staging", staging), ("decoder", decoder), ("order", order))}
+def usable_decoder(decoder: DictConfig) -> None:
+    """Refuse, in one line, a CPU decoder that is not installed, naming the fastest one that is. One that no one picked
+    (the default decoder=turbojpeg, where it has no wheel: Linux on Arm) gives way instead, with one warning: `decoder`
+    then holds the fastest CPU decoder installed here."""
+    decoding, picked = options.facts_of(decoder), f"decoder={options.name_of('decoder', decoder)}"
     if decoding.decode_rank and (missing := decoding.missing()):
         fastest = options.fastest_cpu_decoder()
         if not options.picked_by_default("decoder"):
-            raise ConfigError(f"{picked['decoder']}: {missing}; or pick decoder={fastest}, the fastest CPU decoder "
-                              "installed here")
+            raise ConfigError(f"{picked}: {missing}; or pick decoder={fastest}, the fastest CPU decoder installed here")
         log.warning("%s, the default, cannot run here (%s): decoding with decoder=%s, the fastest CPU decoder "
-                    "installed here", picked["decoder"], missing, fastest)
+                    "installed here", picked, missing, fastest)
         with open_dict(decoder):
             for key in list(decoder):
                 del decoder[key]
             decoder.merge_with(OmegaConf.load(options.CONF / "decoder" / f"{fastest}.yaml"))
-        decoding = options.facts_of(decoder)
+
+
+def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, order: DictConfig) -> None:
+    """Refuse, in one line, a CPU decoder that is not installed (or give way to the fastest one that is, see
+    `usable_decoder`), a decoder that does not fit what the format stores, a staging with nothing to copy and an
+    order that reads runs of records from a format that cannot."""
+    usable_decoder(decoder)
+    stored, decoding = options.facts_of(format), options.facts_of(decoder)
+    picked = {group: f"{group}={options.name_of(group, node)}"
+              for group, node in (("format", format), ("staging", staging), ("decoder", decoder), ("order", order))}
     if options.facts_of(order).in_runs and not stored.reads_runs:
         raise ConfigError(f"{picked['order']} reads runs of consecutive records at once, which {picked['format']} "
                           f"cannot: pick {' or '.join('format=' + name for name in options.having('format', 'reads_runs'))}"
