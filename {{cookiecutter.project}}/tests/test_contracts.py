@@ -103,7 +103,8 @@ def test_the_abstract_contracts_are_enforced_on_each_option_class(group):
             assert issubclass(built, CONTRACTS[group]) and not built.__abstractmethods__, target
 
 
-OPTIONAL = ("lmdb", "litdata", "torchcodec", "moto", "matplotlib", "nvidia.dali", "submitit", "timm")  # the extras
+OPTIONAL = ("lmdb", "litdata", "torchcodec", "moto", "matplotlib", "nvidia.dali", "submitit", "timm", "onnx",
+            "onnxscript", "onnxruntime")  # the extras
 
 
 @pytest.mark.full

@@ -273,6 +273,14 @@ class Network(ABC):
         """The weights model.weights names in the library's words, which it downloads once, into its cache."""
 
 
+class Exporter(Protocol):
+    """An export format (conf/export/format/): writes a model for batches like `example`; loads the file back to run."""
+    suffix: str
+
+    def write(self, model: torch.nn.Module, example: torch.Tensor, path: Path) -> None: ...
+    def load(self, path: Path) -> Callable[[torch.Tensor], torch.Tensor]: ...
+
+
 class Logger(Protocol):
     """Where each logging window's figures go. A write that fails raises `core.files.WriteError`, naming the file;
     `close` runs on every way out of the run, a failure's included, and logs what it cannot write instead."""
