@@ -1,6 +1,9 @@
 """Validation accuracy: top-k hits counted on the device, percentages over exactly the batches allowed; and the
 evaluate command, whose scores match a hand count on a tiny set of coloured photos (tests/colours.py)."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,7 +17,7 @@ from {{ cookiecutter.package }}.tools import evaluate as command
 from {{ cookiecutter.package }}.tools.pack import pack
 
 from colours import CLASSES, colour_checkpoint, colour_tree
-from conftest import hydra_run
+from conftest import PACKAGE, PROJECT, QUIET, error_line, hydra_run
 
 CPU = torch.device("cpu")
 
@@ -86,3 +89,18 @@ def test_data_of_classes_the_checkpoint_never_saw_is_refused(scored, tmp_path):
     (scored.root / "train/purple/0.jpg").write_bytes((scored.root / "train/red/0.jpg").read_bytes())
     with pytest.raises(ConfigError, match="has classes the checkpoint was not trained on: purple"):
         scored()
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("command_line", [
+    ["evaluate", "checkpoint=/no/such/best.pt", "data.root=/tmp"],
+    ["predict", "checkpoint=/no/such/best.pt", "images=/tmp"],
+    ["export", "checkpoint=/no/such/best.pt"],
+], ids=["evaluate", "predict", "export"])
+def test_each_command_refuses_a_missing_checkpoint_in_one_line(command_line, tmp_path):
+    result = subprocess.run([sys.executable, "-m", f"{PACKAGE}.{command_line[0]}", *command_line[1:],
+                             f"hydra.run.dir={tmp_path}"], cwd=PROJECT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, **QUIET})
+    assert result.returncode != 0
+    assert error_line(result.stderr) == "error: checkpoint=/no/such/best.pt: no such file; pass the last.pt or best.pt " \
+                                        "of a run folder"
