@@ -23,6 +23,7 @@ from conftest import (
     QUIET,
     TWO_PROCESSES,
     finish,
+    installed,
     on_this_machine,
     start_cli,
     stopped_after_first_checkpoint,
@@ -61,7 +62,7 @@ def first_val_batch(cfg) -> torch.Tensor:
     return next(iter(loaders.val))[0]
 
 
-@pytest.mark.parametrize("name", [name for name in options.options("decoder") if name != "none"])
+@pytest.mark.parametrize("name", installed("decoder", [name for name in options.options("decoder") if name != "none"]))
 def test_every_decoder_reads_the_stream_as_it_reads_lmdb(name, compose_tiny):
     """The same bytes, decoder and centre crops: the same pixels, whichever format held them."""
     here = on_this_machine(f"decoder={name}")
