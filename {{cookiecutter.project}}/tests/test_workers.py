@@ -1,5 +1,6 @@
 """loader.num_workers=auto: a measured sweep picks the fastest count, caches it per machine and data set."""
 import json
+import logging
 
 import pytest
 import torch
@@ -100,9 +101,22 @@ def test_auto_really_times_a_loader(train_set):
     assert workers.images_per_s(loader_with(train_set)(0), 2, ALONE.device) > 0
 
 
-def test_bad_counts_and_too_small_sets_are_refused(train_set, tmp_path, monkeypatch):
+def test_bad_counts_are_refused(train_set):
     with pytest.raises(ConfigError, match="loader.num_workers=-1"):
         workers.pick_num_workers(-1, train_set, 2, "pil|crop 32", loader_with(train_set))
+
+
+@pytest.mark.parametrize("cores", [1, 2, 16])
+def test_a_set_too_small_to_time_gets_a_worker_per_core_up_to_its_batches_untimed(train_set, tmp_path, monkeypatch,
+                                                                                   caplog, cores):
+    """A training set of fewer batches than the sweep times (a first run on a few hundred photos) trains; nothing
+    is timed, so nothing is cached as measured."""
     monkeypatch.setattr(workers, "CACHE", tmp_path / "none.json")
-    with pytest.raises(ConfigError, match="pass a count"):
-        workers.pick_num_workers("auto", train_set, 8, "pil|crop 32", loader_with(train_set))
+    monkeypatch.setattr(workers, "cores_per_process", lambda: cores)
+    monkeypatch.setattr(workers, "images_per_s", lambda *args: pytest.fail("a set this small is not timed"))
+    batches = len(train_set) // 8
+    assert batches < workers.WARMUP_BATCHES + workers.TIMED_BATCHES
+    with caplog.at_level(logging.INFO, logger=workers.__name__):
+        chosen = workers.pick_num_workers("auto", train_set, 8, "pil|crop 32", loader_with(train_set))
+    assert chosen == min(cores, batches) and not (tmp_path / "none.json").exists()
+    assert f"the training set has {batches} batches, fewer than the 10 a sweep times; using {chosen}" in caplog.text

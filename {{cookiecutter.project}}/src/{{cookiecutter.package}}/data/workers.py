@@ -87,10 +87,14 @@ def pick_num_workers(value: int | str, dataset, batch_size: int, work: str,
     if key in cache:
         log.info("%s=auto: %d (measured before, cached in %s)", setting, cache[key], CACHE)
         return cache[key]
-    if len(dataset) < (WARMUP_BATCHES + TIMED_BATCHES) * batch_size:
-        raise ConfigError(f"{setting}=auto times {WARMUP_BATCHES + TIMED_BATCHES} batches and the training "
-                          f"set has {len(dataset) // batch_size}: pass a count")
-    rates, spare = {}, len(dataset) // batch_size - TIMED_BATCHES
+    batches = len(dataset) // batch_size
+    if batches < WARMUP_BATCHES + TIMED_BATCHES:  # too few to time; an epoch this short is over in moments anyway
+        chosen = max(1, min(cores, batches))
+        log.info("%s=auto: the training set has %d batches, fewer than the %d a sweep times; using %d, a worker per "
+                 "core this process may use (%d) and no more than the batches", setting, batches,
+                 WARMUP_BATCHES + TIMED_BATCHES, chosen, cores)
+        return chosen
+    rates, spare = {}, batches - TIMED_BATCHES
     for count in candidates(cores, decodes_beside):
         warmup = min(max(WARMUP_BATCHES, WARMUP_PER_WORKER * count), spare)
         rates[count] = images_per_s(loader_with(count), batch_size, device, warmup)
