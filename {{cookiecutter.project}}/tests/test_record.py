@@ -39,3 +39,16 @@ def test_the_line_a_stopped_run_prints_resumes_it_as_it_was_launched(tmp_path, m
     monkeypatch.setattr(sys, "argv", ["train.py", "--config-dir", "my conf", "data=imagenet"])
     assert record.resume_command(tmp_path / "run") == (
         f"{sys.executable} -m {record.PACKAGE}.train --config-dir 'my conf' resume=auto hydra.run.dir={tmp_path}/run")
+
+
+def test_what_one_command_does_is_not_restored(tmp_path):
+    """A run cut short by train.max_steps resumes past it; a fault injected into one command stays in that one."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra/overrides.yaml").write_text(yaml.safe_dump(["train.max_steps=4", "train.epochs=2",
+                                                               "faults.worker_error_at=40"]))
+    argv, _ = record.restored(["train.py", "resume=auto", f"hydra.run.dir={run}", "faults.sigterm_at=9"])
+    assert argv == ["train.py", "train.epochs=2", "resume=auto", f"hydra.run.dir={run}", "faults.sigterm_at=9",
+                    "hydra.output_subdir=null"]
+    again, _ = record.restored(["train.py", "resume=auto", f"hydra.run.dir={run}"])
+    assert again == ["train.py", "train.epochs=2", "resume=auto", f"hydra.run.dir={run}", "hydra.output_subdir=null"]

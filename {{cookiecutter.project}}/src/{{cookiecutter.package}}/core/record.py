@@ -18,6 +18,9 @@ from .files import write_atomic
 
 PACKAGE = "{{ cookiecutter.package }}"
 RECORD, RESUMES = Path(".hydra/overrides.yaml"), Path(".hydra/resumes.yaml")
+# Keys that say what one command does, not what the run is: where it stops (train.max_steps cuts a run short, and
+# its resume goes on past that), the faults a test injects, the folder and the resume itself. Never restored.
+THIS_COMMAND = ("train.max_steps", "faults.", "hydra.", "resume")
 restored_note: str | None = None  # what `restored` restored in this process, for train.py to log once logging is set up
 
 
@@ -47,12 +50,14 @@ def restored(argv: list[str]) -> tuple[list[str], str | None]:
     folder = Path(folder)
     resumes = folder / RESUMES
     resumed = yaml.safe_load(resumes.read_text()) if resumes.is_file() else []
-    earlier = [*yaml.safe_load((folder / RECORD).read_text()), *(override for given in resumed for override in given)]
+    earlier = [override for override in [*yaml.safe_load((folder / RECORD).read_text()),
+                                         *(override for given in resumed for override in given)]
+               if not key_of(override).startswith(THIS_COMMAND)]
     now = {key_of(override) for override in given}
     latest = {key_of(override): override for override in earlier if key_of(override) not in now}  # last one wins
     kept = [override for override in earlier if latest.get(key_of(override)) == override]
     if int(os.environ.get("RANK", 0)) == 0:
-        kept_for_next = [override for override in given if not key_of(override).startswith(("hydra.", "resume"))]
+        kept_for_next = [override for override in given if not key_of(override).startswith(THIS_COMMAND)]
         write_atomic(resumes, lambda path: path.write_text(yaml.safe_dump([*resumed, kept_for_next])))
     note = (f"resume: the run's own overrides from {folder / RECORD}: {' '.join(kept) or 'none'}; given now: "
             f"{' '.join(given)}")
