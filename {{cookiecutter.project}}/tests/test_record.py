@@ -20,10 +20,14 @@ def test_a_resume_restores_the_runs_overrides_under_the_ones_given_with_it(tmp_p
     assert note.endswith("given now: resume=auto hydra.run.dir=" + str(run) + " train.epochs=5")
     assert yaml.safe_load((run / ".hydra/overrides.yaml").read_text()) == started  # the record stays the run's own
 
+    assert not (run / ".hydra/resumes.yaml").exists()  # not before the config is accepted
+    record.keep_resume()
     again, _ = record.restored(["train.py", "resume=auto", f"hydra.run.dir={run}"])  # epochs=5 is the run's now
+    record.keep_resume()
     assert "train.epochs=5" in again and "train.epochs=3" not in again
     monkeypatch.setenv("RANK", "1")  # another rank of the job reads the record, and leaves writing it to rank 0
     record.restored(["train.py", "resume=auto", f"hydra.run.dir={run}", "optim.lr=0.01"])
+    record.keep_resume()
     assert yaml.safe_load((run / ".hydra/resumes.yaml").read_text()) == [["train.epochs=5"], []]
 
 

@@ -177,6 +177,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
     if run_record.restored_note:
         log.info(run_record.restored_note)
     check(cfg)
+    run_record.keep_resume()
     cudnn.configure(cfg.cudnn)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)

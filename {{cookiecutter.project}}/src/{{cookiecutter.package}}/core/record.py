@@ -22,6 +22,9 @@ RECORD, RESUMES = Path(".hydra/overrides.yaml"), Path(".hydra/resumes.yaml")
 # its resume goes on past that), the faults a test injects, the folder and the resume itself. Never restored.
 THIS_COMMAND = ("train.max_steps", "faults.", "hydra.", "resume")
 restored_note: str | None = None  # what `restored` restored in this process, for train.py to log once logging is set up
+# What `restored` would add to the folder's list of resumes, written by `keep_resume` once the config is accepted:
+# a value the run refuses must not come back at the next resume.
+pending_resume: tuple[Path, list[list[str]]] | None = None
 
 
 def key_of(override: str) -> str:
@@ -56,12 +59,19 @@ def restored(argv: list[str]) -> tuple[list[str], str | None]:
     now = {key_of(override) for override in given}
     latest = {key_of(override): override for override in earlier if key_of(override) not in now}  # last one wins
     kept = [override for override in earlier if latest.get(key_of(override)) == override]
-    if int(os.environ.get("RANK", 0)) == 0:
-        kept_for_next = [override for override in given if not key_of(override).startswith(THIS_COMMAND)]
-        write_atomic(resumes, lambda path: path.write_text(yaml.safe_dump([*resumed, kept_for_next])))
+    global pending_resume
+    pending_resume = resumes, [*resumed, [override for override in given
+                                          if not key_of(override).startswith(THIS_COMMAND)]]
     note = (f"resume: the run's own overrides from {folder / RECORD}: {' '.join(kept) or 'none'}; given now: "
             f"{' '.join(given)}")
     return [argv[0], *flags, *kept, *given, "hydra.output_subdir=null"], note
+
+
+def keep_resume() -> None:
+    """Add the overrides given to this resume to the folder's list (rank 0 alone), for the next resume to restore."""
+    if pending_resume is not None and int(os.environ.get("RANK", 0)) == 0:
+        resumes, listed = pending_resume
+        write_atomic(resumes, lambda path: path.write_text(yaml.safe_dump(listed)))
 
 
 def resume_command(run_dir: Path) -> str:
