@@ -64,7 +64,7 @@ class ThreadPrefetcher(Prefetcher):
         def fill() -> None:
             try:
                 if side is not None:  # a new thread's device is GPU 0: on another, leaving the stream would touch it
-                    torch.cuda.set_device(self.to_device.device)
+                    torch.cuda.set_device(side.device)  # indexed, where to_device's may be a bare "cuda"
                 with torch.cuda.stream(side), closing(self.to_device.stream(self.loader)) as batches:  # no side: no-op
                     for batch in batches:
                         if not offer((batch, side.record_event() if side else None)):
