@@ -196,6 +196,57 @@ def test_the_extras_markers_say_where_each_backend_installs():
         assert not facts.module or not options.importable(facts.module) or installs_here(facts.extra), name
 
 
+def version_range(name: str):
+    """The requirement of decoder `name`'s extra that names a version range, or None (none does, or the project's
+    metadata, which holds the ranges, is not installed)."""
+    extra = options.facts("decoder", name).extra
+    return next((requirement for requirement in config.extra_requirements(extra) if requirement.specifier), None) \
+        if extra else None
+
+
+@pytest.mark.parametrize("name", [name for name in DECODERS if version_range(name)])
+def test_a_backend_older_than_its_extra_asks_is_refused_before_it_is_imported(name, monkeypatch):
+    """torchcodec before 0.16 has no decode_jpeg, and may not even load beside the torch it was found with (a GPU
+    machine's torch 2.11 with torchcodec 0.11): the option is refused, and its tests skip, naming the version found
+    and the range asked for."""
+    facts, requirement = options.facts("decoder", name), version_range(name)
+    if not options.importable(facts.module):
+        pytest.skip(f"decoder={name}: {facts.missing()}")
+    node = compose_decoder(name, *on_this_machine(f"decoder={name}"))
+    version, import_module = metadata.version, importlib.import_module
+    monkeypatch.setattr(config.metadata, "version", lambda dist: "0.0.1" if dist == requirement.name else version(dist))
+    monkeypatch.setattr(importlib, "import_module", lambda module, *package: pytest.fail(f"{module} was imported")
+                        if module == facts.module else import_module(module, *package))
+    line = (f"{requirement.name} 0.0.1 is installed, and [{facts.extra}] asks for {requirement.specifier}: "
+            f"pip install -e '.[{facts.extra}]'")
+    assert facts.missing() == line
+    with pytest.raises(ConfigError) as refused:
+        build(node)
+    assert str(refused.value) == line
+
+
+@pytest.mark.parametrize("name", [name for name in DECODERS if options.facts("decoder", name).module])
+def test_a_backend_whose_libraries_do_not_load_is_refused_in_one_line(name, monkeypatch):
+    """An installed package built for another torch fails inside its import with an OSError or RuntimeError and a
+    long story (torchcodec ends its with "[end of libtorchcodec loading traceback]."): its first line is kept."""
+    facts = options.facts("decoder", name)
+    error = RuntimeError("Could not load libtorchcodec. Likely causes: ...\n[end of libtorchcodec loading traceback].")
+    node, import_module = compose_decoder(name, *on_this_machine(f"decoder={name}")), importlib.import_module
+
+    def failing_import(module: str, *package: str):
+        if module == facts.module:
+            raise error
+        return import_module(module, *package)
+
+    monkeypatch.setattr(config, "wrong_version", lambda distribution, extra: None)
+    monkeypatch.setattr(importlib, "import_module", failing_import)
+    with pytest.raises(ConfigError) as refused:
+        build(node)
+    assert str(refused.value) == (
+        f"{facts.module} is installed but does not load here (Could not load libtorchcodec. Likely causes: ...): "
+        f"reinstall the build made for this torch, pip install --force-reinstall -e '.[{facts.extra}]'")
+
+
 def test_a_cpu_decoder_this_machine_cannot_install_is_refused_naming_the_fastest_installed_one(monkeypatch):
     """The default decoder=turbojpeg where it has no wheel (Linux on Arm): its line says pip cannot help and names
     the fastest CPU decoder that is installed, which every piece of advice names instead of it."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .core.config import FACTS, not_from, not_installed
+from .core.config import FACTS, not_from, not_installed, wrong_version
 
 CONF = Path(__file__).resolve().parent / "conf"  # the entry points' config_path, shipped in the wheel
 PACKAGE = __package__  # the import name, in the commands the tools run
@@ -73,6 +73,8 @@ class Facts:
             return None
         if not importable(self.module):
             return not_installed(self.module, self.extra)
+        if why := wrong_version(self.distribution or self.module, self.extra):
+            return why
         why = not_from(self.module, self.distribution, self.bundles)
         return not_installed(self.distribution, self.extra, f" ({why})") if why else None
 
