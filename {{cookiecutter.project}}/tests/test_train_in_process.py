@@ -7,6 +7,8 @@ import pytest
 import torch
 from hydra.errors import HydraException
 
+from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }}.core.config import ConfigError, not_installed
 from {{ cookiecutter.package }}.core.failures import explain
 from {{ cookiecutter.package }}.core.hardware import Hardware, probe
 from {{ cookiecutter.package }}.diagnosis.verdict import EPOCH_START_SHARE
@@ -75,6 +77,20 @@ def test_a_step_that_does_not_come_leaves_every_threads_stack_and_the_run_goes_o
     assert "--- thread stall-watchdog (this one) ---" in stacks
     assert any("every thread's stack is in" in record.getMessage() and record.levelname == "WARNING"
                for record in caplog.records)
+
+
+@pytest.mark.parametrize("choice", [f"{group}={name}" for group in options.options_groups()
+                                    for name in options.options(group) if options.facts(group, name).module])
+def test_an_option_whose_package_is_missing_stops_the_run_before_anything_is_written(choice, train_in_process,
+                                                                                     monkeypatch):
+    """Not deep inside the run, after the data is listed, and not without the option's name: the line names both."""
+    group, _, name = choice.partition("=")
+    facts, importable = options.facts(group, name), options.importable
+    monkeypatch.setattr(options, "importable", lambda module: module != facts.module and importable(module))
+    with pytest.raises(ConfigError) as refused:
+        train_in_process(choice)
+    assert str(refused.value) == f"{choice}: {not_installed(facts.module, facts.extra)}"
+    assert list(train_in_process.run_dir.iterdir()) == []
 
 
 @pytest.mark.parametrize("overrides", BAD_INPUT.values(), ids=BAD_INPUT.keys())

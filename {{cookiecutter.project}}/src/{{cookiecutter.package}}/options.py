@@ -36,7 +36,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .core.config import FACTS, not_from, not_installed, wrong_version
+from .core.config import FACTS, ConfigError, not_from, not_installed, wrong_version
 
 CONF = Path(__file__).resolve().parent / "conf"  # the entry points' config_path, shipped in the wheel
 PACKAGE = __package__  # the import name, in the commands the tools run
@@ -136,6 +136,20 @@ def picked_by_default(group: str) -> bool:
     run = HydraConfig.get()
     named = any(override.split("=")[0] == group for override in run.overrides.task)
     return not named and run.runtime.choices.get(group) == default(group)
+
+
+def refuse_missing_packages(cfg: DictConfig) -> None:
+    """Stop a run before any work where an option it picked needs a package that is not installed, naming the option
+    and the install command. A default no one named is left to give way instead (data/loaders.py: usable_decoder)."""
+    for group in options_groups():
+        node = cfg.get(group)
+        if isinstance(node, DictConfig) and not picked_by_default(group) and (missing := facts_of(node).missing()):
+            raise ConfigError(f"{group}={name_of(group, node)}: {missing}")
+
+
+def options_groups() -> list[str]:
+    """The option groups: the folders of the config tree."""
+    return sorted(path.name for path in CONF.iterdir() if path.is_dir())
 
 
 def fastest_cpu_decoder() -> str:

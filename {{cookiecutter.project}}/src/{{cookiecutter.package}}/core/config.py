@@ -229,6 +229,8 @@ def check(cfg: DictConfig) -> None:
                                            or not isinstance(value, kind[1])):
             raise ConfigError(f"{key}={value!r} is not {kind[0]}, as its default {default!r} is")
     check_ranges(cfg)
+    from .. import options  # options reads this module's FACTS and errors: imported here, where both are loaded
+    options.refuse_missing_packages(cfg)
 
 
 def chosen_keys(cfg: DictConfig, group: str) -> set[str]:
