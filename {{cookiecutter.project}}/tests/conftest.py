@@ -316,7 +316,7 @@ BAD_INPUT = {
     "decoder=nvjpeg without a GPU": ["decoder=nvjpeg"],
     "prefetcher=cuda_stream without a GPU": ["prefetcher=cuda_stream"],
     "format.path missing": ["format=hdf5", "format.path=???"],
-    "format.path absent": ["format=lmdb", "format.path=/no/such/pack"],
+    "format.path absent": ["format=hdf5", "format.path=/no/such/pack"],  # h5py comes with the base install
     "loader.num_workers=lots": ["loader.num_workers=lots"],
     "precision=fp16 without a GPU": ["precision=fp16"],
     "cudnn=fast": ["cudnn=fast"],

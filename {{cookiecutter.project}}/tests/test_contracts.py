@@ -20,12 +20,11 @@ def own_module(group: str, option: str) -> str:
     """The module an option's `_target_` lives in: the one place allowed to name it."""
     target = OmegaConf.load(CONF / group / f"{option}.yaml")["_target_"]
     module = target.rpartition(".")[0]
-    while module:
-        try:
-            importlib.import_module(module)
+    while module:  # found by its file, not imported: an option's module imports its package, which may be missing
+        path = PACKAGE_DIR.parent.joinpath(*module.split("."))
+        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
             return module
-        except ImportError:  # a class: its module is one level up
-            module = module.rpartition(".")[0]
+        module = module.rpartition(".")[0]  # a class: its module is one level up
     raise AssertionError(target)
 
 
