@@ -55,8 +55,16 @@ def test_on_a_cpu_the_cores_the_loader_takes_from_the_step_are_a_data_cost():
 def test_compute_bound():
     diagnosis = diagnose(window(0.02), {"sys/cpu_util": 50.0}, cores(AVX2, 8), DEFAULTS)
     assert diagnosis.bound == "compute"
-    assert diagnosis.verdict.startswith("Data loading is not the bottleneck") and "2%" in diagnosis.verdict
+    assert diagnosis.verdict == "Data loading is not the bottleneck: the CPU waited for data 2% of the time."
     assert any("train.batch_size" in line for line in diagnosis.advice)
+
+
+def test_the_verdict_names_the_gpu_in_words():
+    """As seen on an H100, once worded "the cuda waited for data 0% of the time"."""
+    computing = Window(steps=10, images=640, wall_s=1.0, data_s=0.0, host_s=0.02)
+    assert diagnose(computing, {}, SM90, DEFAULTS).verdict == (
+        "Data loading is not the bottleneck: the GPU waited for data 0% of the time. The GPU computed 98% of the time.")
+    assert "(the GPU computed 98% of the time; " in diagnose(computing, {}, SM90, DEFAULTS).advice[0]
 
 
 @pytest.mark.parametrize(("machine", "faster", "held"), [

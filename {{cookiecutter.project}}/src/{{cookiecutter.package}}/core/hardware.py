@@ -31,6 +31,11 @@ class Hardware:
         return self.device == "cuda"
 
     @property
+    def processor(self) -> str:
+        """The device as the report names it: GPU or CPU."""
+        return "GPU" if self.on_gpu else "CPU"
+
+    @property
     def native_bf16(self) -> bool:
         if self.on_gpu:
             return self.gpu_capability is not None and tuple(self.gpu_capability) >= BF16_CUDA

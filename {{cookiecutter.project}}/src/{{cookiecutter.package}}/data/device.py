@@ -20,7 +20,8 @@ class UploadTimes:
     """Where the training process (or a prefetcher's thread) spends the time it takes to get each batch to the
     device: waiting for the loader's next batch, or uploading it, which for a batch decoder is decoding it (on the
     device, or on the CPU in its on_cpu mode). `sample()` gives per-batch figures since its previous call."""
-    FIGURES = ("loader/upload_ms", "loader/upload_share")
+    FIGURES = {"loader/upload_ms": "uploading {:.1f} ms/batch",
+               "loader/upload_share": "{:.0f}% of each batch's wait uploading"}  # tag: the report's words and unit
 
     def __init__(self):
         self.lock = threading.Lock()  # a prefetcher's thread adds while the training thread samples

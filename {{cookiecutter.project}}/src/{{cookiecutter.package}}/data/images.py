@@ -44,7 +44,8 @@ class ReadTimes:
     """Where the loader's workers spend each image: reading its bytes from the store, or decoding, cropping and
     resizing them (in the transform, and in the collate where `timed` wraps it). Summed in shared memory by every
     worker; `sample()` gives per-image figures since its previous call."""
-    FIGURES = ("loader/read_ms", "loader/decode_ms", "loader/read_share")
+    FIGURES = {"loader/read_ms": "reading {:.2f} ms/image", "loader/decode_ms": "decoding {:.2f} ms/image",
+               "loader/read_share": "{:.0f}% of a worker's time reading"}  # tag: the report's words and unit
 
     def __init__(self):
         self.totals = multiprocessing.Array("d", 3)  # seconds reading, seconds transforming, images

@@ -73,8 +73,15 @@ def setup_line(setup: dict[str, float]) -> str:
             f"{first}")
 
 
+def host_line(summary: dict) -> str:
+    if summary["hardware"]["device"] != "cuda":  # the step runs on the host itself: no device to wait for it
+        return "host         none on the CPU: the step runs on the host, so its Python time counts as compute"
+    return (f"host         {summary['host_ms']:.1f} ms/step ({100 * summary['host_frac']:.0f}%: the GPU idle with the "
+            "batch ready)")
+
+
 def format_report(summary: dict) -> str:
-    system = "  ".join(f"{tag.removeprefix('sys/')} {value:.1f}" for tag, value in summary["system"].items())
+    system = ", ".join(SystemMonitor.FIGURES[tag].format(value) for tag, value in summary["system"].items())
     processes = summary.get("processes", 1)
     lines = [
         "",
@@ -83,8 +90,7 @@ def format_report(summary: dict) -> str:
         + (f" (per process, {processes} processes; timings of process {summary['timing_rank']}, the one "
            "the others waited for)" if processes > 1 else ""),
         f"data wait    {summary['data_ms']:.1f} ms/step ({100 * summary['data_frac']:.0f}% of step time)",
-        f"host         {summary['host_ms']:.1f} ms/step ({100 * summary['host_frac']:.0f}%: GPU idle with the "
-        "batch ready; on the CPU, counted as compute)",
+        host_line(summary),
         f"compute      {summary['compute_ms']:.1f} ms/step",
         f"bound        {summary['bound']}",
         f"system       {system}",

@@ -47,7 +47,7 @@ def reading_fact(system: dict[str, float], settings: Settings) -> str:
 def device_decoding_fact(system: dict[str, float], hardware: Hardware) -> str:
     share = system["loader/upload_share"]
     return (f"the training process spent {share:.0f}% of the time it took to get each batch decoding it on the "
-            f"{hardware.device} ({system['loader/upload_ms']:.1f} ms a batch) and {100 - share:.0f}% waiting for "
+            f"{hardware.processor} ({system['loader/upload_ms']:.1f} ms a batch) and {100 - share:.0f}% waiting for "
             "the loader's workers")
 
 
@@ -60,11 +60,11 @@ def loader_cause(system: dict[str, float], hardware: Hardware, settings: Setting
         share, upload_ms = system["loader/upload_share"], system["loader/upload_ms"]
         if device_decoding_limits(system, settings):
             return (f" The training process was decoding: {share:.0f}% of the time it took to get each batch went to "
-                    f"decoding it on the {hardware.device} ({upload_ms:.1f} ms a batch), {100 - share:.0f}% to waiting "
-                    "for the loader's workers.")
+                    f"decoding it on the {hardware.processor} ({upload_ms:.1f} ms a batch), {100 - share:.0f}% to "
+                    "waiting for the loader's workers.")
         return (f" The training process was waiting for the loader's workers, which only read the files for "
                 f"decoder={settings.chosen('decoder')}: {100 - share:.0f}% of the time it took to get each batch, "
-                f"{share:.0f}% decoding it on the {hardware.device} ({upload_ms:.1f} ms a batch).")
+                f"{share:.0f}% decoding it on the {hardware.processor} ({upload_ms:.1f} ms a batch).")
     if "loader/read_share" not in system or not system.get("loader/read_ms", 0.0) + system.get("loader/decode_ms", 0.0):
         return ""
     if storage_limits(system, settings):

@@ -40,8 +40,10 @@ class SystemMonitor:
 
     `nvml_fails_after` (faults.nvml_fails_after): NVML answers that many windows, then fails, as on a node of a
     container job whose driver went away; on a machine without a GPU a stand-in reads 0% until then."""
-    FIGURES = ("sys/cpu_util", "sys/iowait", "sys/disk_read_mb_s", "sys/loader_cpu", "sys/gpu_util",
-               *ReadTimes.FIGURES, *UploadTimes.FIGURES)  # every figure a sample can hold, in the report's order
+    # Every figure a sample can hold, in the report's order, with the words and unit the report shows it in.
+    FIGURES = {"sys/cpu_util": "CPU {:.0f}% busy", "sys/iowait": "iowait {:.1f}%",
+               "sys/disk_read_mb_s": "disk reads {:.1f} MB/s", "sys/loader_cpu": "loader workers {:.0f}% of all cores",
+               "sys/gpu_util": "GPU {:.0f}% busy", **ReadTimes.FIGURES, **UploadTimes.FIGURES}
 
     def __init__(self, device: torch.device, loader_times: ReadTimes, nvml_fails_after: int = -1,
                  upload_times: UploadTimes | None = None):

@@ -76,13 +76,13 @@ def diagnose(total: Window, system: dict[str, float], hardware: Hardware, settin
     took = (f", and the loader's workers took {workers:.0f}% of the cores the step computes on"
             if not hardware.on_gpu and workers >= 100 * NOTICEABLE else "")
     if first == "data":
-        verdict = (f"Data loading is {strength}: the {hardware.device} waited for data {data} of the time{took}."
+        verdict = (f"Data loading is {strength}: the {hardware.processor} waited for data {data} of the time{took}."
                    + loader_cause(system, hardware, settings))
     elif first == "host":
         verdict = (f"The host is {strength}: the GPU sat idle {host} of the time with the next batch ready, "
                    f"waiting for Python, kernel launches or syncs (data wait {data}).")
     else:
-        verdict = f"Data loading is not the bottleneck: the {hardware.device} waited for data {data} of the time."
+        verdict = f"Data loading is not the bottleneck: the {hardware.processor} waited for data {data} of the time."
         if hardware.on_gpu:
             verdict += f" The GPU computed {100 * total.compute_s / max(total.wall_s, 1e-9):.0f}% of the time."
     sides = [first, *(other for other, share in shares.items() if other != first and share >= NOTICEABLE)]
@@ -94,7 +94,7 @@ def diagnose(total: Window, system: dict[str, float], hardware: Hardware, settin
 def data_side(total: Window, system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
     """The device waits for batches: read, decode or copy them faster."""
     cpu, cores = system.get("sys/cpu_util", 0.0), hardware.cores
-    waited = f"the {hardware.device} waited for data {100 * total.data_frac:.0f}% of the time"
+    waited = f"the {hardware.processor} waited for data {100 * total.data_frac:.0f}% of the time"
     found: list[Suggestion] = []
     workers = system.get("sys/loader_cpu", 0.0)
     if device_decoding_limits(system, settings):
@@ -220,7 +220,7 @@ def faster_precision(hardware: Hardware) -> str:
 
 def compute_side(total: Window, system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
     """The device is busy: make each step cheaper."""
-    busy = f"the {hardware.device} computed {100 * total.compute_s / max(total.wall_s, 1e-9):.0f}% of the time"
+    busy = f"the {hardware.processor} computed {100 * total.compute_s / max(total.wall_s, 1e-9):.0f}% of the time"
     return [*compute_switches(hardware, settings, busy),
             Suggestion("train.batch_size", None, "Compute sets the pace: raise train.batch_size while memory allows, "
                        "pick a lighter model.name, or add devices with torchrun", busy, "compute", tunable=False)]
