@@ -79,7 +79,7 @@ def test_a_process_whose_nvml_failed_midway_gathers_rows_the_others_can_add_to()
 def test_the_report_lists_the_suggestions_then_what_this_machine_should_not_flip():
     summary = {"images_per_s": 50.0, "steps": 30, "data_ms": 10.0, "data_frac": 0.02, "host_ms": 0.0, "host_frac": 0.0,
                "compute_ms": 500.0, "bound": "compute", "system": {"sys/cpu_util": 90.0}, "val_top1": 50.0,
-               "hardware": {"device": "cpu"},
+               "hardware": {"device": "cpu"}, "classes": 10,
                "val_top5": 90.0, "skipped_files": 0, "verdict": "Data loading is not the bottleneck.",
                "advice": ["Compute sets the pace: raise train.batch_size (the CPU computed 98% of the time)."],
                "withheld": [{"key": "precision", "value": "bf16", "why": "Not advised here: bf16 autocast is emulated",
@@ -92,6 +92,7 @@ def test_the_report_lists_the_suggestions_then_what_this_machine_should_not_flip
 def test_a_report_of_several_processes_gives_each_shares_range_and_every_epochs_start():
     summary = {"images_per_s": 50.0, "steps": 30, "data_ms": 10.0, "data_frac": 0.41, "host_ms": 0.0, "host_frac": 0.0,
                "compute_ms": 5.0, "bound": "data", "system": {}, "val_top1": 50.0, "val_top5": 90.0, "hardware": {"device": "cpu"},
+               "classes": 10,
                "skipped_files": 0, "verdict": "Rank 1 on host b holds the others back.", "advice": [],
                "processes": 2, "timing_rank": 1, "epoch_start_ms": [900.0, 35.0],
                "ranks": [{"rank": 0, "host": "a", "data_frac": 0.03, "host_frac": 0.0},
@@ -112,7 +113,7 @@ def report_line(text: str, name: str) -> str:
 def test_the_report_names_the_device_it_ran_on_and_gives_each_system_figure_its_unit():
     summary = {"images_per_s": 900.0, "steps": 100, "data_ms": 0.5, "data_frac": 0.01, "host_ms": 2.0,
                "host_frac": 0.03, "compute_ms": 60.0, "bound": "compute", "val_top1": 50.0, "val_top5": 90.0,
-               "skipped_files": 0, "verdict": "", "advice": [], "hardware": {"device": "cuda"},
+               "skipped_files": 0, "verdict": "", "advice": [], "hardware": {"device": "cuda"}, "classes": 10,
                "system": {"sys/cpu_util": 41.26, "sys/iowait": 0.04, "sys/disk_read_mb_s": 12.34,
                           "sys/loader_cpu": 30.6, "sys/gpu_util": 97.0, "loader/read_ms": 0.213,
                           "loader/decode_ms": 1.305, "loader/read_share": 14.0, "loader/upload_ms": 3.21,
@@ -127,3 +128,15 @@ def test_the_report_names_the_device_it_ran_on_and_gives_each_system_figure_its_
     assert report_line(on_a_cpu, "host") == ("host         none on the CPU: the step runs on the host, so its Python "
                                              "time counts as compute")
     assert report_line(on_a_cpu, "system") == "system       CPU 99% busy"
+
+
+def test_the_report_gives_validation_top1_beside_chance_top5_only_past_5_classes_and_training_top1():
+    summary = {"images_per_s": 50.0, "steps": 30, "data_ms": 10.0, "data_frac": 0.02, "host_ms": 0.0, "host_frac": 0.0,
+               "compute_ms": 500.0, "bound": "compute", "system": {}, "skipped_files": 0, "verdict": "", "advice": [],
+               "hardware": {"device": "cpu"}, "val_top1": 71.25, "val_top5": 93.5, "classes": 8, "train_top1": 64.0}
+    text = format_report(summary)
+    assert report_line(text, "validation") == "validation   top-1 71.2% (chance 12.5%)  top-5 93.5%"
+    assert report_line(text, "training") == "training     top-1 64.0% on the last epoch's training batches (augmented)"
+    five = format_report({**summary, "classes": 5, "val_top5": None, "train_top1": None})
+    assert report_line(five, "validation") == "validation   top-1 71.2% (chance 20.0%)"
+    assert "training " not in five  # a resumed run with no step left trained no batch

@@ -1,6 +1,7 @@
 """train() called as a function on debug=tiny: the whole loop in seconds, and every bad command line refused in one
 line before anything is written. The fast tier's run; the command-line runs are in test_train.py."""
 import json
+import logging
 import re
 
 import pytest
@@ -34,6 +35,22 @@ def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_
                for line, suggestion in zip(summary["advice"], summary["suggestions"]))
     setup = summary["setup"]  # before the first step, by stage, and the first batch after it
     assert 0 < setup["data_s"] + setup["workers_s"] <= setup["total_s"] and setup["first_batch_s"] > 0
+
+
+def test_training_top1_is_logged_per_window_and_the_epochs_is_reported_beside_validations_chance(train_in_process,
+                                                                                                  caplog):
+    """3 classes: the validation line gives the chance level, 33.33%, and no top-5, which every image would hit."""
+    caplog.set_level(logging.INFO)
+    summary = train_in_process("logger=jsonl")
+    windows = [json.loads(line) for line in (train_in_process.run_dir / "scalars.jsonl").read_text().splitlines()]
+    top1s = [window["train/top1"] for window in windows if "train/top1" in window]
+    assert len(top1s) == 3  # 6 steps, a window every 2 steps of 4 images
+    assert summary["train_top1"] == pytest.approx(sum(top1s) / 3) and (summary["classes"], summary["val_top5"]) == (
+        3, None)
+    assert not any("val/top5" in window for window in windows)
+    (line,) = [record.getMessage() for record in caplog.records if "val top-1" in record.getMessage()]
+    assert line == (f"epoch 1 step 6: val top-1 {summary['val_top1']:.2f}% (chance 33.33%); train top-1 "
+                    f"{summary['train_top1']:.2f}% on the epoch's batches")
 
 
 def test_a_run_in_blocks_trains_every_step_and_keeps_the_layout_its_epoch_was_drawn_for(train_in_process):

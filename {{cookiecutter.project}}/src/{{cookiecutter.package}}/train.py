@@ -37,8 +37,9 @@ from .diagnosis.sysmon import SystemMonitor
 from .loop import cudnn
 from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
 from .loop.clock import make_clock
-from .loop.evaluate import evaluate
+from .loop.evaluate import evaluate, shows_top5
 from .loop.logger import NullLogger
+from .loop.meter import TrainMeter
 from .loop.freeze import FrozenBackbone
 from .loop.model import compiled, load_weights, make_model
 from .loop.precision import make_precision
@@ -81,7 +82,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
     writes = world.is_main  # the other ranks get objects that write nothing
     run = Run(model=model, optimizer=optimizer, scheduler=scheduler,
               criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing), precision=precision,
-              loaders=loaders, clock=make_clock(device, cfg.train.host_split),
+              loaders=loaders, clock=make_clock(device, cfg.train.host_split), meter=TrainMeter(device),
               sysmon=SystemMonitor(device, loaders.splits.train.times, injected.nvml_fails_after, loaders.upload_times),
               logger=build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
               profiler=build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
@@ -103,18 +104,17 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
     return run
 
 
-def end_window(run: Run, bar: tqdm, loss_sum: torch.Tensor) -> None:
+def end_window(run: Run, bar: tqdm) -> None:
     """Close a logging window: one device sync, then scalars to the logger and the progress bar."""
     window, system = run.clock.lap(), run.sysmon.sample()
     run.precision.check()
     if window.steps:
         run.windows.append((window, system))
         run.logger.scalars({
-            "train/loss": loss_sum.item() / window.steps, "train/lr": run.optimizer.param_groups[0]["lr"],
+            **run.meter.lap(window), "train/lr": run.optimizer.param_groups[0]["lr"],
             "train/skipped_steps": run.precision.skipped.item(), **window.scalars(), **system}, run.step)
         bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%, "
                             f"host {100 * window.host_frac:.0f}%")
-        loss_sum.zero_()
     ranks, stop_anywhere = run.share_window(window)  # every rank, every window: they stop together or not at all
     if run.world.size > 1 and all(split.steps for split in ranks):
         run.logger.scalars(spread(ranks), run.step)
@@ -128,38 +128,46 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     run.freeze.set_epoch(epoch)
     run.loaders.train.set_epoch(epoch, skip_images=run.images_in_epoch)
     batches_left = len(run.loaders.train)
-    loss_sum = torch.zeros((), device=run.device)
+    run.meter.start_epoch()
     run.clock.start()
     bar = tqdm(run.forensics.watch(run.clock.timed(run.loaders.train)), total=batches_left, desc=f"epoch {epoch}",
                mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
     for images, labels in bar:
         with run.precision.autocast():
-            loss = run.criterion(run.model(images), labels)
+            output = run.model(images)
+            loss = run.criterion(output, labels)
         run.optimizer.zero_grad(set_to_none=True)
         run.update(loss, len(labels))
         run.profiler.step()
-        loss_sum += loss.detach().nan_to_num(0.0, 0.0, 0.0)  # an fp16 step the scaler skipped adds nothing
+        run.meter.add(output, labels, loss)
         batches_left -= 1
         if run.step % run.log_every == 0:
-            end_window(run, bar, loss_sum)
+            end_window(run, bar)
         if run.out_of_steps:
             break
     else:
         batches_left = 0  # the loader ran out, whatever its len said (a restriped stream may count the whole epoch)
-    end_window(run, bar, loss_sum)
+    end_window(run, bar)
     bar.close()
     return batches_left == 0
 
 
-def validate(run: Run) -> tuple[float, float]:
+def validate(run: Run) -> tuple[float, float | None]:
+    """Validation top-1 and top-5, logged with the chance level and the epoch's training top-1; top-5 is None with 5
+    classes or fewer."""
     top1, top5 = evaluate(run.model, run.forensics.watch(run.loaders.val), run.precision, run.world,
                           run.limit_val_batches)
-    run.logger.scalars({"val/top1": top1, "val/top5": top5}, run.step)
-    log.info("epoch %d step %d: val top-1 %.2f%%, top-5 %.2f%%", run.epoch, run.step, top1, top5)
+    classes = len(run.loaders.classes)
+    top5 = top5 if shows_top5(classes) else None
+    run.logger.scalars({"val/top1": top1, **({"val/top5": top5} if top5 is not None else {})}, run.step)
+    trained = run.meter.epoch_top1(run.world)
+    log.info("epoch %d step %d: val top-1 %.2f%% (chance %.2f%%)%s%s", run.epoch, run.step, top1, 100 / classes,
+             f", top-5 {top5:.2f}%" if top5 is not None else "",
+             f"; train top-1 {trained:.2f}% on the epoch's batches" if trained is not None else "")
     return top1, top5
 
 
-def run_epochs(run: Run, epochs: int) -> tuple[float, float]:
+def run_epochs(run: Run, epochs: int) -> tuple[float, float | None]:
     """Train and validate epoch by epoch, a checkpoint after each; the last validation's top-1 and top-5."""
     scores = None
     with run.profiler:

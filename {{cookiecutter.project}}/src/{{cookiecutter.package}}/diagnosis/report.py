@@ -80,6 +80,12 @@ def host_line(summary: dict) -> str:
             "batch ready)")
 
 
+def accuracy_line(summary: dict) -> str:
+    """Validation top-1 beside what guessing scores, and top-5 where there are more than 5 classes."""
+    top5 = f"  top-5 {summary['val_top5']:.1f}%" if summary["val_top5"] is not None else ""
+    return f"validation   top-1 {summary['val_top1']:.1f}% (chance {100 / summary['classes']:.1f}%){top5}"
+
+
 def format_report(summary: dict) -> str:
     system = ", ".join(SystemMonitor.FIGURES[tag].format(value) for tag, value in summary["system"].items())
     processes = summary.get("processes", 1)
@@ -99,7 +105,9 @@ def format_report(summary: dict) -> str:
         *([f"epoch start  {' / '.join(f'{ms:.0f}' for ms in summary['epoch_start_ms'])} ms to each epoch's first batch"]
           if summary.get("epoch_start_ms") else []),
         *([setup_line(summary["setup"])] if summary.get("setup") else []),
-        f"validation   top-1 {summary['val_top1']:.1f}%  top-5 {summary['val_top5']:.1f}%",
+        accuracy_line(summary),
+        *([f"training     top-1 {summary['train_top1']:.1f}% on the last epoch's training batches (augmented)"]
+          if summary.get("train_top1") is not None else []),
         f"skipped      {summary['skipped_files']} unreadable files",
         f"verdict      {summary['verdict']}",
         "next:",
@@ -118,7 +126,7 @@ def setup_record(run: Run) -> dict[str, float]:
     return {**run.setup, **first_batch}
 
 
-def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, hydra_cfg: DictConfig) -> dict:
+def summarize(run: Run, cfg: DictConfig, top1: float, top5: float | None, hydra_cfg: DictConfig) -> dict:
     """The run's figures, every timing one from the same process (see run_totals), with the verdict; `hydra_cfg`
     says which options were picked and with which overrides."""
     total, system, timing_rank, splits = run_totals(run.windows, run.world)
@@ -137,7 +145,9 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float, hydra_cfg: Di
             "suggestions": [suggestion.record() for suggestion in diagnosis.suggestions],
             "withheld": [suggestion.record() for suggestion in diagnosis.withheld],
             "hardware": run.hardware.record(),
-            "val_top1": top1, "val_top5": top5, "steps": run.step, "skipped_files": run.loaders.skipped_files(run.world),
+            "val_top1": top1, "val_top5": top5, "train_top1": run.meter.epoch_top1(run.world),
+            "classes": len(run.loaders.classes), "steps": run.step,
+            "skipped_files": run.loaders.skipped_files(run.world),
             "skipped_steps": int(run.precision.skipped), "processes": run.world.size, "timing_rank": timing_rank,
             "ranks": [times.record() for times in ranks],
             "epoch_start_ms": [1000 * window.epoch_start_s / window.epoch_starts for window, _ in run.windows

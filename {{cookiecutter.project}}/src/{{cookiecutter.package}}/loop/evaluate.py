@@ -5,6 +5,11 @@ from ..core.distributed import World
 from .precision import Precision
 
 
+def shows_top5(classes: int) -> bool:
+    """Whether top-5 says anything: with 5 classes or fewer every image is a top-5 hit."""
+    return classes > 5
+
+
 def accuracy(output: torch.Tensor, target: torch.Tensor, topk: tuple[int, ...]) -> torch.Tensor:
     """How many samples have the target among the top k outputs, for each k (a tensor, so no sync)."""
     ranked = output.topk(min(max(topk), output.shape[1]), dim=1).indices

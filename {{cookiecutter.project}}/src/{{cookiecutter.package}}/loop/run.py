@@ -16,6 +16,7 @@ from ..diagnosis.sysmon import SystemMonitor
 from .checkpoint import Checkpoints, Inference
 from .clock import Clock, Window
 from .freeze import FrozenBackbone
+from .meter import TrainMeter
 from .precision import NonFiniteLoss, Precision
 from .preempt import StopRequest
 
@@ -32,6 +33,7 @@ class Run:
     precision: Precision
     loaders: Loaders
     clock: Clock
+    meter: TrainMeter
     sysmon: SystemMonitor
     logger: Logger
     profiler: Profiler

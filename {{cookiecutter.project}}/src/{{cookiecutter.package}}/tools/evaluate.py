@@ -12,7 +12,7 @@ from ..core.distributed import World, setup
 from ..core.files import write_atomic
 from ..data.loaders import make_loaders
 from ..loop.checkpoint import Inference, load_trained
-from ..loop.evaluate import confusion
+from ..loop.evaluate import confusion, shows_top5
 from ..loop.model import trained_model
 from ..loop.precision import Precision
 from .confusion import draw_confusion
@@ -48,7 +48,7 @@ def scores(matrix: torch.Tensor, hits5: int, classes: list[str]) -> dict:
     per_class = {name: {"images": int(count), "top1": 100 * int(hits) / int(count) if count else None}
                  for name, count, hits in zip(classes, images, right)}
     return {"images": int(images.sum()), "top1": 100 * int(right.sum()) / total,
-            **({"top5": 100 * hits5 / total} if len(classes) > 5 else {}), "per_class": per_class,
+            **({"top5": 100 * hits5 / total} if shows_top5(len(classes)) else {}), "per_class": per_class,
             "confusion": matrix.tolist(), "classes": classes}
 
 
