@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+from {{ cookiecutter.package }}.tools.compare import table
+
 from conftest import PACKAGE, PROJECT, summary
 
 
@@ -25,11 +27,29 @@ def test_the_ceiling_and_a_real_pipeline_side_by_side(tmp_path, train_cli):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "debug=tiny" in lines[0] and "prefetcher" not in lines[0]  # shared settings above the table
-    assert lines[2] == "| prefetcher | images/s | data wait | host | bound | × first |"
-    assert lines[4].startswith("| resident |") and lines[4].endswith("| 1.00 |")
+    assert lines[2] == "| prefetcher | images/s | data wait | host | bound | × first | val top-1 | train top-1 |"
+    assert lines[4].startswith("| resident |") and "| 1.00 |" in lines[4]
     ratio = real["images_per_s"] / ceiling["images_per_s"]
     assert lines[5] == (f"| none | {real['images_per_s']:.1f} | {100 * real['data_frac']:.0f}% | "
-                        f"{100 * real['host_frac']:.0f}% | {real['bound']} | {ratio:.2f} |")
+                        f"{100 * real['host_frac']:.0f}% | {real['bound']} | {ratio:.2f} | {real['val_top1']:.1f}% | "
+                        f"{real['train_top1']:.1f}% |")
+
+
+def finished(overrides: list[str], images_per_s: float, val_top1: float, **more) -> tuple[dict, dict]:
+    summary = {"overrides": overrides, "images_per_s": images_per_s, "data_frac": 0.25, "host_frac": 0.0,
+               "bound": "data", "env": {"device": "cpu: AMD EPYC"}, "val_top1": val_top1, **more}
+    return dict(override.partition("=")[::2] for override in overrides), summary
+
+
+def test_accuracy_stands_beside_speed_and_training_top1_where_a_summary_has_it():
+    runs = [finished(["precision=fp32"], 100.0, 71.25, train_top1=64.0),
+            finished(["precision=bf16"], 150.0, 70.0)]  # a summary written before train_top1 was kept
+    assert table(runs).splitlines()[2:] == [
+        "| precision | images/s | data wait | host | bound | × first | val top-1 | train top-1 |",
+        "|---|---|---|---|---|---|---|---|",
+        "| fp32 | 100.0 | 25% | 0% | data | 1.00 | 71.2% | 64.0% |",
+        "| bf16 | 150.0 | 25% | 0% | data | 1.50 | 70.0% | |"]
+    assert "train top-1" not in table([finished(["precision=fp32"], 100.0, 71.25)])
 
 
 @pytest.mark.full
@@ -45,5 +65,5 @@ def test_a_summary_without_the_overrides_is_refused_in_one_line(tmp_path):
     (tmp_path / "0/summary.json").write_text('{"images_per_s": 10.0, "data_frac": 0.1}')
     result = compare(tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip().endswith("has no overrides, host_frac, bound, env: it comes from an older version "
-                                          "of the project")
+    assert result.stderr.strip().endswith("has no overrides, host_frac, bound, env, val_top1: it comes from an older "
+                                          "version of the project")

@@ -5,7 +5,8 @@ from pathlib import Path
 from ..core.config import ClearError
 from .tables import markdown_table
 
-SUMMARY_KEYS = ("overrides", "images_per_s", "data_frac", "host_frac", "bound", "env")  # what the table reads
+# What the table reads; train_top1, which older summaries lack, is read where present.
+SUMMARY_KEYS = ("overrides", "images_per_s", "data_frac", "host_frac", "bound", "env", "val_top1")
 
 
 def job_order(path: Path) -> tuple[str, ...]:
@@ -32,15 +33,22 @@ def load_runs(folders: list[Path]) -> list[tuple[dict[str, str], dict]]:
     return runs
 
 
+def percent(value: float | None) -> str:
+    return f"{value:.1f}%" if value is not None else ""
+
+
 def table(runs: list[tuple[dict[str, str], dict]]) -> str:
     keys = list(dict.fromkeys(key for overrides, _ in runs for key in overrides))
     varying = [key for key in keys if len({overrides.get(key) for overrides, _ in runs}) > 1]
     shared = [f"{key}={runs[0][0][key]}" for key in keys if key not in varying and key in runs[0][0]]
     first = runs[0][1]["images_per_s"]
-    header = [*varying, "images/s", "data wait", "host", "bound", "× first"]
+    trained = any(summary.get("train_top1") is not None for _, summary in runs)
+    header = [*varying, "images/s", "data wait", "host", "bound", "× first", "val top-1",
+              *(["train top-1"] if trained else [])]
     rows = [[overrides.get(key, "") for key in varying]
             + [f"{summary['images_per_s']:.1f}", f"{100 * summary['data_frac']:.0f}%",
-               f"{100 * summary['host_frac']:.0f}%", summary["bound"], f"{summary['images_per_s'] / first:.2f}"]
+               f"{100 * summary['host_frac']:.0f}%", summary["bound"], f"{summary['images_per_s'] / first:.2f}",
+               f"{summary['val_top1']:.1f}%", *([percent(summary.get("train_top1"))] if trained else [])]
             for overrides, summary in runs]
     devices = sorted({summary["env"]["device"] for _, summary in runs})
     return "\n".join([f"on {', '.join(devices)}; every run: {' '.join(shared) or '(no shared overrides)'}", "",
