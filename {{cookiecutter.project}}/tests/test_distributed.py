@@ -1,5 +1,6 @@
 """Launching: one run folder for all ranks, a log per rank, scripts/launch.sh, and the Slurm launcher's config."""
 import json
+import logging
 import os
 import re
 import socket
@@ -10,6 +11,8 @@ import zlib
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.utils import configure_log
+from omegaconf import open_dict
 
 from {{ cookiecutter.package }}.core.config import ConfigError, rank_suffix, run_name
 from {{ cookiecutter.package }}.core.distributed import restart_store
@@ -44,6 +47,36 @@ def test_every_rank_resolves_the_same_run_folder(monkeypatch):
     assert rank_suffix() == "-rank3"
     monkeypatch.setenv("RANK", "0")
     assert rank_suffix() == ""
+
+
+@pytest.mark.parametrize(("rank", "all_ranks", "console"), [
+    ("0", "false", ["[tests.rank][INFO] - an info line", "[tests.rank][WARNING] - a warning line"]),
+    ("1", "false", ["[tests.rank][WARNING][rank 1] - a warning line"]),  # a slow disk only rank 1 has still shows
+    ("1", "true", ["[tests.rank][INFO][rank 1] - an info line", "[tests.rank][WARNING][rank 1] - a warning line"])])
+def test_the_console_has_rank_0s_lines_and_the_others_warnings_unless_asked_for_all(rank, all_ranks, console, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """train.yaml's logging config, as Hydra applies it in each process torchrun starts; each rank's file keeps all."""
+    monkeypatch.setenv("RANK", rank)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", [f"distributed.log_all_ranks={all_ranks}"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path)  # what hydra.main sets as the run starts
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level
+    try:
+        configure_log(cfg.hydra.job_logging)
+        logging.getLogger("tests.rank").info("an info line")
+        logging.getLogger("tests.rank").warning("a warning line")
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers[:], _ = kept
+        root.setLevel(kept[1])
+    assert [line.partition("]")[2] for line in capsys.readouterr().out.splitlines()] == console
+    log_file = tmp_path / f"train{rank_suffix()}.log"
+    assert [line.partition("]")[2] for line in log_file.read_text().splitlines()] == [
+        f"[tests.rank][INFO]{'[rank 1]' if rank == '1' else ''} - an info line",
+        f"[tests.rank][WARNING]{'[rank 1]' if rank == '1' else ''} - a warning line"]
 
 
 def test_each_elastic_restart_joins_through_keys_of_its_own(monkeypatch):

@@ -267,8 +267,15 @@ def rank_suffix() -> str:
     return f"-rank{rank}" if rank else ""
 
 
+def rank_label() -> str:
+    """'' on rank 0, '[rank <N>]' elsewhere: a log line's origin on a console every process writes to."""
+    rank = int(os.environ.get("RANK", 0))
+    return f"[rank {rank}]" if rank else ""
+
+
 # The resolvers train.yaml and the recipes use, registered with the functions: every entry point imports this
 # module before it composes a config.
 OmegaConf.register_new_resolver("run_name", run_name, replace=True)
 OmegaConf.register_new_resolver("rank_suffix", rank_suffix, replace=True)
+OmegaConf.register_new_resolver("rank_label", rank_label, replace=True)
 OmegaConf.register_new_resolver("linear_lr", linear_lr, replace=True)

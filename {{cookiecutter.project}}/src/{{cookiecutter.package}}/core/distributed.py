@@ -3,6 +3,7 @@
     torchrun --standalone --nproc-per-node=8 -m {{ cookiecutter.package }}.train
 """
 import datetime
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -68,6 +69,20 @@ class World:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None,
                                        find_unused_parameters=partly_frozen)
+
+
+class RankFilter(logging.Filter):
+    """The console's filter (conf/train.yaml): every line of rank 0, and of the other ranks their warnings and errors
+    alone, since a failure or a slow disk that one rank meets must reach the user; all of every rank's lines with
+    `all_ranks` (distributed.log_all_ranks). The rank is read at each line, because under hydra/launcher=slurm it is
+    set only once the task has started (`setup`). Each rank's log file keeps all its lines whatever this says."""
+
+    def __init__(self, all_ranks: bool = False):
+        super().__init__()
+        self.all_ranks = all_ranks
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.all_ranks or record.levelno >= logging.WARNING or int(os.environ.get("RANK", 0)) == 0
 
 
 ALONE = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))  # one process on the CPU, as the tools read
