@@ -9,7 +9,7 @@ Next steps:
   cd {{ cookiecutter.project }}
   pip install -e '.[dev]'
   python -m {{ cookiecutter.package }}.train                               # synthetic data, CPU or GPU
-  python -m {{ cookiecutter.package }}.train data=imagenet data.root=/path/to/imagenet
+  python -m {{ cookiecutter.package }}.train data=folder data.root=/path/to/photos   # train/<class>/*.jpg, val/<class>/*.jpg
   pytest
 
 Every run ends with a report saying whether data loading is the bottleneck, and which switch to flip.

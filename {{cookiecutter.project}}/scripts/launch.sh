@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train with torchrun on one node (every GPU by default) or on several.
 #
-#   scripts/launch.sh data=imagenet data.root=/data/imagenet                      # this node, all GPUs
+#   scripts/launch.sh data=folder data.root=/data/imagenet                      # this node, all GPUs
 #   NPROC=4 scripts/launch.sh ...                                                 # 4 processes
 #   NNODES=2 MASTER=node0:29500 RDZV_ID=exp1 scripts/launch.sh ...                # run the same line on each node
 #

@@ -111,7 +111,7 @@ def measure(root: Path, steps: int) -> None:
           f"(x{statistics.median(second) / statistics.median(ours):.3f} of the first), reading the kept index")
     assert len(found) == len(index)
 
-    overrides = ["data=imagenet", f"data.root={root}", "decoder=pil", "data.crop_size=32", "data.val_resize=36",
+    overrides = ["data=folder", f"data.root={root}", "decoder=pil", "data.crop_size=32", "data.val_resize=36",
                  f"train.batch_size={BATCH}", f"loader.num_workers={WORKERS}", "loader.persistent_workers=true"]
     with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
         cfg = compose("train", overrides)

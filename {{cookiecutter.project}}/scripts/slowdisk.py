@@ -3,7 +3,7 @@
 
     python scripts/slowdisk.py /data/imagenet /mnt/slow --profile hdd    # until Ctrl-C or fusermount3 -u /mnt/slow
     python scripts/slowdisk.py /data/imagenet /mnt/slow --profile nfs --request-ms 5   # a farther server
-    python -m {{ cookiecutter.package }}.bench data=imagenet data.root=/mnt/slow
+    python -m {{ cookiecutter.package }}.bench data=folder data.root=/mnt/slow
 
 A FUSE passthrough (libfuse 3 through mfusepy: `pip install mfusepy`, and Debian's or Ubuntu's `fuse3`; run as
 root or with /dev/fuse usable) that charges, per profile:

@@ -167,7 +167,7 @@ def cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_root(cache_dir) -> Path:
-    """A tiny ImageNet-style tree (3 classes), for data=imagenet."""
+    """A tiny ImageNet-style tree (3 classes), for data=folder."""
     from {{ cookiecutter.package }}.data.synth import write_dataset
 
     return write_dataset(cache_dir / "tiny-tree", num_classes=3, train_per_class=8, val_per_class=4, workers=2)
@@ -204,7 +204,9 @@ def packed_tree(root: Path, num_classes: int, train_per_class: int) -> tuple[Pat
 
 def tiny(overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path) -> list[str]:
     """The user's overrides on top of those that shrink the run and point the chosen data option at tiny data."""
-    data = [f"data.root={tiny_root}"] if "data=imagenet" in overrides else [f"data.cache_dir={cache_dir}", *TINY_SYNTHETIC]
+    picked = next((choice[5:] for choice in overrides if choice.startswith("data=")), options.default("data"))
+    data = [f"data.cache_dir={cache_dir}", *TINY_SYNTHETIC] if picked in options.having("data", "built_in") \
+        else [f"data.root={tiny_root}"]
     needed = [shrink for choice, shrinks in TINY_OPTIONS.items() if choice in overrides for shrink in shrinks]
     packed = [f"format.path={cache_dir / f'packed-{choice[7:]}'}" for choice in [*needed, *overrides]
               if choice.startswith("format=") and choice != "format=folder"]
@@ -309,8 +311,8 @@ BAD_INPUT = {
     "optim.lr=abc": ["optim.lr=abc"],
     "train.epochs=two": ["train.epochs=two"],
     "data=nosuch": ["data=nosuch"],
-    "missing data.root": ["data=imagenet", "data.root=???"],
-    "absent data.root": ["data=imagenet", "data.root=/no/such/imagenet"],
+    "missing data.root": ["data=folder", "data.root=???"],
+    "absent data.root": ["data=folder", "data.root=/no/such/imagenet"],
     "model.name=nosuchnet": ["model.name=nosuchnet"],
     "resume=missing": ["resume=/no/such/last.pt"],
     "decoder=nvjpeg without a GPU": ["decoder=nvjpeg"],

@@ -13,7 +13,7 @@ from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
 from {{ cookiecutter.package }}.data.images import make_splits
 from {{ cookiecutter.package }}.data.loaders import make_loader, training_worker_start
-from {{ cookiecutter.package }}.data.sources import imagenet
+from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
 PREFETCH = 2
@@ -115,7 +115,7 @@ def reporting_lent(collate):
 
 @pytest.mark.parametrize("collate", ["cpu decoder", "batch decoder"])
 def test_training_workers_lend_their_batches_and_validation_workers_do_not(tiny_root, collate):
-    source = imagenet(str(tiny_root), 32, 36, "raise")
+    source = sources.folder(str(tiny_root), 32, 36, "raise")
     splits = make_splits(source, folder.build(source, no_staging), PilDecoder())
     decoder_collate = PilDecoder().collate if collate == "cpu decoder" else \
         lambda samples: (OneBuffer([torch.zeros(4, dtype=torch.uint8) for _ in samples]), torch.tensor(0))

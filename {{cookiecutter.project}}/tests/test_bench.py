@@ -37,7 +37,7 @@ FULL = pytest.mark.full  # subprocesses, torchrun or the clock: make test-full
 def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp_path):
     """Through the command line, so that it must also exit: litdata's loader keeps its workers, which ignore SIGTERM."""
     result = subprocess.run(
-        [sys.executable, "-m", f"{PACKAGE}.bench", "data=imagenet", f"data.root={tiny_root}", "data.crop_size=32",
+        [sys.executable, "-m", f"{PACKAGE}.bench", "data=folder", f"data.root={tiny_root}", "data.crop_size=32",
          "bench.formats=[folder,litdata,tensor]", "bench.orders=[random,blocks]", "bench.num_workers=[0,1]",
          "bench.batch_size=4",
          "bench.timed_epochs=1", f"bench.short_side={TENSOR_SHORT_SIDE}", f"bench.pack_dir={tmp_path / 'packs'}",
@@ -104,9 +104,9 @@ def test_a_batch_larger_than_the_data_set_is_one_line(tiny_root, tmp_path):
 
 @FULL
 def test_bench_on_a_tree_of_ones_own_writes_its_packs_in_the_cache_without_being_told_where(tiny_root, tmp_path):
-    """data=imagenet has no cache folder of its own: the packs go where tune's do."""
+    """data=folder has no cache folder of its own: the packs go where tune's do."""
     result = subprocess.run(
-        [sys.executable, "-m", f"{PACKAGE}.bench", "data=imagenet", f"data.root={tiny_root}", "data.crop_size=32",
+        [sys.executable, "-m", f"{PACKAGE}.bench", "data=folder", f"data.root={tiny_root}", "data.crop_size=32",
          "bench.formats=[lmdb]", f"bench.decoders=[{FASTEST}]", "bench.num_workers=[0]", "bench.batch_size=4",
          "bench.timed_epochs=1", "bench.probe_storage=false", f"hydra.run.dir={tmp_path / 'bench'}"],
         cwd=PROJECT, capture_output=True, text=True, timeout=300,
@@ -117,7 +117,7 @@ def test_bench_on_a_tree_of_ones_own_writes_its_packs_in_the_cache_without_being
 
 def run_bench(tmp_path, root, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", f"{PACKAGE}.bench", "data=imagenet", f"data.root={root}", "data.crop_size=32",
+        [sys.executable, "-m", f"{PACKAGE}.bench", "data=folder", f"data.root={root}", "data.crop_size=32",
          "data.val_resize=36", "bench.formats=[folder]", f"bench.decoders=[{','.join(CPU_DECODERS)}]",
          "bench.timed_epochs=1", f"bench.pack_dir={tmp_path / 'packs'}", f"hydra.run.dir={tmp_path / 'bench'}", *overrides],
         cwd=PROJECT, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET, **(env or {})})
@@ -220,7 +220,7 @@ def test_a_pack_is_keyed_by_its_trees_index_and_read_again_while_that_is_unchang
 
 def compose_bench(root, tmp_path, *overrides: str):
     with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
-        return compose("bench", ["data=imagenet", f"data.root={root}", "data.crop_size=32", "bench.formats=[folder]",
+        return compose("bench", ["data=folder", f"data.root={root}", "data.crop_size=32", "bench.formats=[folder]",
                                  "bench.batch_size=4", "bench.timed_epochs=1", f"bench.pack_dir={tmp_path / 'packs'}",
                                  *overrides])
 

@@ -49,7 +49,7 @@ def test_the_region_ceiling_decodes_crops_faster_than_the_full_ceiling_decodes_i
 @pytest.mark.parametrize("name", REGION_DECODERS)
 def test_bench_gives_every_row_as_a_share_of_both_ceilings(name, photo_tree, tmp_path):
     with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
-        cfg = compose("bench", ["data=imagenet", f"data.root={photo_tree}", "data.crop_size=64",
+        cfg = compose("bench", ["data=folder", f"data.root={photo_tree}", "data.crop_size=64",
                                 "bench.formats=[folder]", f"bench.decoders=[{name}]", "bench.num_workers=[0]",
                                 "bench.batch_size=8", "bench.timed_epochs=1", "bench.probe_storage=false",
                                 f"bench.pack_dir={tmp_path / 'packs'}"])

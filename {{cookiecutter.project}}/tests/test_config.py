@@ -150,10 +150,10 @@ def prefetcher_args(tmp_path):
 
 
 def format_args(tmp_path, tiny_root):
-    from {{ cookiecutter.package }}.data.sources import imagenet
+    from {{ cookiecutter.package }}.data import sources
     from {{ cookiecutter.package }}.data.staging import no_staging
 
-    return {"source": imagenet(str(tiny_root), 32, 36, "skip"), "stage": no_staging}
+    return {"source": sources.folder(str(tiny_root), 32, 36, "skip"), "stage": no_staging}
 
 
 RUNTIME = {
@@ -318,3 +318,7 @@ def test_a_validation_resize_below_the_crop_is_refused(compose_tiny):
     cfg = compose_tiny("data.crop_size=64", "data.val_resize=48")
     with pytest.raises(ConfigError, match="data.val_resize=48 is smaller than data.crop_size=64"):
         check_ranges(cfg)
+
+
+def test_data_imagenet_is_data_folder_under_its_old_name(compose_tiny):
+    assert compose_tiny("data=imagenet").data == compose_tiny("data=folder").data

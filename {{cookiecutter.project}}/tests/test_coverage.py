@@ -74,7 +74,7 @@ def blocks_job(run_dir, pack, tree, *overrides: str) -> list[str]:
     """Two processes of torchrun on the CPU training on `pack` in blocks, 10 steps an epoch each, slowed by 0.3 s a
     step so that a stop lands part-way through an epoch."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-            f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", "debug=tiny", "data=imagenet", f"data.root={tree}",
+            f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", "debug=tiny", "data=folder", f"data.root={tree}",
             "format=hdf5", f"format.path={pack}", "order=blocks", "order.block=4", "order.window=2",
             "loader.num_workers=2", "train.epochs=2", "logger=jsonl", "faults.host_delay_ms=300", *overrides]
 

@@ -23,7 +23,7 @@ from {{ cookiecutter.package }}.data.format.folder import FileIndex, ImageFiles
 from {{ cookiecutter.package }}.data.images import Images, StorageFailed, UnreadableImage, WrongDataSet, make_splits
 from {{ cookiecutter.package }}.data.loaders import make_loader
 from {{ cookiecutter.package }}.data.prefetcher import NoPrefetcher
-from {{ cookiecutter.package }}.data.sources import imagenet
+from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
 from conftest import ODD_FILES
@@ -39,8 +39,8 @@ def loader(dataset, batch_size: int, train: bool, world: World = ALONE, seed: in
 
 
 def folder_splits(root, size: int = 32, resize: int = 36, on_error: str = "skip", decoder=None):
-    """The splits train.py would build for data=imagenet format=folder staging=none."""
-    source = imagenet(str(root), size, resize, on_error)
+    """The splits train.py would build for data=folder format=folder staging=none."""
+    source = sources.folder(str(root), size, resize, on_error)
     return make_splits(source, folder.build(source, no_staging), decoder or PilDecoder())
 
 
@@ -61,7 +61,7 @@ def test_bad_file_raises_with_its_path_when_asked(tree_with_bad_files):
 
 def test_missing_or_empty_root_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
-        imagenet(str(tmp_path / "nowhere"), 32, 36, "skip")
+        sources.folder(str(tmp_path / "nowhere"), 32, 36, "skip")
     (tmp_path / "train").mkdir()
     with pytest.raises(ConfigError, match="has no class folders"):
         folder_splits(tmp_path)

@@ -33,7 +33,7 @@ from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
 from {{ cookiecutter.package }}.data.images import Images, make_splits
 from {{ cookiecutter.package }}.data.loaders import check_fit
-from {{ cookiecutter.package }}.data.sources import imagenet
+from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
 from conftest import CONF, DEVICE, ODD_FILES, encoded, error_line, installed, on_this_machine, photo, summary
@@ -130,7 +130,7 @@ def test_random_crops_have_the_size_asked_and_flip_both_ways(name):
 
 @pytest.mark.parametrize("name", DECODERS)
 def test_decoders_agree_on_a_data_set_labels_and_pixels(name, tiny_root):
-    source = imagenet(str(tiny_root), 224, 256, "raise")
+    source = sources.folder(str(tiny_root), 224, 256, "raise")
     stores = folder.build(source, no_staging)
 
     def validation_batch(decoder):
@@ -145,7 +145,7 @@ def test_decoders_agree_on_a_data_set_labels_and_pixels(name, tiny_root):
 
 @pytest.mark.parametrize("name", DECODERS)
 def test_bad_files_are_skipped_the_same_way_by_every_decoder(name, tree_with_bad_files):
-    source = imagenet(str(tree_with_bad_files), 32, 36, "skip")
+    source = sources.folder(str(tree_with_bad_files), 32, 36, "skip")
     splits = make_splits(source, folder.build(source, no_staging), make_decoder(name))
     batches = [labels for _, labels in loader(splits.train, 4, False, num_workers=2, collate=splits.decoder.collate)]
     assert [len(labels) for labels in batches] == [4, 4, 3]
@@ -436,7 +436,7 @@ def test_opencv_keeps_to_one_thread_in_every_decoder_process():
 
 
 def test_images_keep_the_store_label_whatever_the_decoder(tiny_root):
-    source = imagenet(str(tiny_root), 32, 36, "raise")
+    source = sources.folder(str(tiny_root), 32, 36, "raise")
     stores = folder.build(source, no_staging)
     dataset = Images(stores.val, PilDecoder().transform(CenterCrop(32, 36)), "raise")
     assert [dataset[i][1] for i in range(len(dataset))] == stores.val.labels.tolist()

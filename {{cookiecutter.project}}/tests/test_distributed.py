@@ -159,7 +159,7 @@ def test_a_resume_with_another_number_of_processes_trains_each_image_left_once(f
     if format == "format=litdata":
         pytest.importorskip("litdata", reason="pip install -e '.[litdata]'")
     script = training_images_script(tmp_path / "reshard.py", STOP_AND_RESUME)
-    overrides = tiny(("data=imagenet", format, "train.batch_size=3"), cache_dir, tiny_root)
+    overrides = tiny(("data=folder", format, "train.batch_size=3"), cache_dir, tiny_root)
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2")
     for launcher, phase, stop_after, workers in ((torchrun, "stop", 6, 2), ((sys.executable,), "resume", 0, 1)):
         result = subprocess.run([*launcher, str(script), str(CONF), str(tmp_path), *overrides,

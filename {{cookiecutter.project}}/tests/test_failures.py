@@ -130,7 +130,7 @@ def test_a_data_set_half_unreadable_stops_the_run_in_one_line(tmp_path, tiny_roo
     root = shutil.copytree(tiny_root, tmp_path / "data")
     for path in sorted((root / "train").rglob("*.JPEG"))[::2]:
         path.write_bytes(b"not an image")
-    result = train_cli(tmp_path / "run", "data=imagenet", f"data.root={root}", "loader.num_workers=2", check=False)
+    result = train_cli(tmp_path / "run", "data=folder", f"data.root={root}", "loader.num_workers=2", check=False)
     assert result.returncode == 1
     assert re.match(r"error: 1[12] of the 24 training images are unreadable, more than data.max_bad_fraction=0.01 allows "
                     r"\(10\): is this the data set you meant\?", error_line(result.stderr)), result.stderr[-1000:]
@@ -187,7 +187,7 @@ def test_a_disk_that_fills_mid_run_ends_it_in_one_line_with_the_log_and_the_chec
     assert not [path for path in run_dir.iterdir() if ".partial" in path.name] and not left_behind(run_dir)
 
 
-ON_A_MOUNT = ("train.epochs=50", "model.name=mobilenet_v3_small", "data=imagenet", "loader.num_workers=2")
+ON_A_MOUNT = ("train.epochs=50", "model.name=mobilenet_v3_small", "data=folder", "loader.num_workers=2")
 STORAGE_FAILED = (r"error: could not read {mount}/(train|val)/\S+: {reason}: the storage failed, not the image: check "
                   r"the disk or the mount it is on \(in loader worker [01]\); resume=auto continues from step "
                   r"(?P<step>\d+)")

@@ -17,7 +17,7 @@ from {{ cookiecutter.package }}.core.config import ClearError, ConfigError
 from {{ cookiecutter.package }}.data.decoder.jpeg import pil_size
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import META, folder
-from {{ cookiecutter.package }}.data.sources import imagenet
+from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack, shorter_side_to, write_order
 
@@ -42,7 +42,7 @@ def largest_file(path):
 
 
 def original(tiny_root):
-    source = imagenet(str(tiny_root), 32, 36, "raise")
+    source = sources.folder(str(tiny_root), 32, 36, "raise")
     return folder.build(source, no_staging)
 
 

@@ -119,7 +119,7 @@ def test_two_nodes_train_in_blocks_and_a_node_that_dies_is_replaced_with_every_i
     says 1, joins, torchrun restarts the job, it resumes from node0's checkpoint of its last step, and every epoch's
     coverage check holds, the resumed one against what was trained before the failure."""
     pack, tree = blocks_pack
-    command = [*readme_line(nodes=2, processes=2), "debug=tiny", "data=imagenet", f"data.root={tree}", "format=hdf5",
+    command = [*readme_line(nodes=2, processes=2), "debug=tiny", "data=folder", f"data.root={tree}", "format=hdf5",
                f"format.path={pack}", "order=blocks", "order.block=8", "order.window=2", "loader.num_workers=auto",
                f"train.epochs={EPOCHS}", f"train.log_every={LOG_EVERY}", "logger=jsonl"]
     caches = [tmp_path / f"cache-node{node}" for node in range(2)]

@@ -10,11 +10,11 @@ from {{ cookiecutter.package }}.core import record
 def test_a_resume_restores_the_runs_overrides_under_the_ones_given_with_it(tmp_path, monkeypatch):
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
-    started = ["data=imagenet", "data.root=/photos", "model.name=resnet18", "train.epochs=3", "+experiment=cpu_quick"]
+    started = ["data=folder", "data.root=/photos", "model.name=resnet18", "train.epochs=3", "+experiment=cpu_quick"]
     (run / ".hydra/overrides.yaml").write_text(yaml.safe_dump(started))
     argv, note = record.restored(["train.py", "--config-dir", "mine", "resume=auto", f"hydra.run.dir={run}",
                                   "train.epochs=5"])
-    assert argv == ["train.py", "--config-dir", "mine", "data=imagenet", "data.root=/photos", "model.name=resnet18",
+    assert argv == ["train.py", "--config-dir", "mine", "data=folder", "data.root=/photos", "model.name=resnet18",
                     "+experiment=cpu_quick", "resume=auto", f"hydra.run.dir={run}", "train.epochs=5",
                     "hydra.output_subdir=null"]
     assert note.endswith("given now: resume=auto hydra.run.dir=" + str(run) + " train.epochs=5")
@@ -40,7 +40,7 @@ def test_a_command_line_that_resumes_nothing_recorded_is_left_as_it_is(tmp_path)
 
 def test_the_line_a_stopped_run_prints_resumes_it_as_it_was_launched(tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    monkeypatch.setattr(sys, "argv", ["train.py", "--config-dir", "my conf", "data=imagenet"])
+    monkeypatch.setattr(sys, "argv", ["train.py", "--config-dir", "my conf", "data=folder"])
     assert record.resume_command(tmp_path / "run") == (
         f"{sys.executable} -m {record.PACKAGE}.train --config-dir 'my conf' resume=auto hydra.run.dir={tmp_path}/run")
 

@@ -52,7 +52,7 @@ def test_unreadable_images_are_counted_in_the_summary(tmp_path, tiny_root, train
     (root / "train/class_000/empty.JPEG").write_bytes(b"")
     (root / "val/class_001/text.JPEG").write_text("not an image")
     run_dir = tmp_path / "run"
-    train_cli(run_dir, "data=imagenet", f"data.root={root}", "train.batch_size=5")  # 25 images: none dropped
+    train_cli(run_dir, "data=folder", f"data.root={root}", "train.batch_size=5")  # 25 images: none dropped
     assert summary(run_dir)["skipped_files"] == 2
     log = (run_dir / "train.log").read_text()
     assert "skipping unreadable image" in log and "empty.JPEG" in log and "text.JPEG" in log
@@ -62,7 +62,7 @@ def test_unreadable_images_are_counted_in_the_summary(tmp_path, tiny_root, train
 def test_a_few_unreadable_files_get_the_same_decision_in_every_epoch_and_after_a_resume(tmp_path, tree_with_bad_files,
                                                                                        train_cli):
     """3 unreadable of 11: each epoch reads them all again (batches of 11), and the run trains on past the fourth."""
-    data = ("data=imagenet", f"data.root={tree_with_bad_files}", "train.batch_size=11")
+    data = ("data=folder", f"data.root={tree_with_bad_files}", "train.batch_size=11")
     straight = tmp_path / "straight"
     train_cli(straight, *data, "train.epochs=5")
     assert summary(straight)["steps"] == 5 and summary(straight)["skipped_files"] == 3

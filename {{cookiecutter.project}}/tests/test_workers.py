@@ -13,7 +13,7 @@ from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
 from {{ cookiecutter.package }}.data.images import make_splits
 from {{ cookiecutter.package }}.data.loaders import make_loader, make_loaders
-from {{ cookiecutter.package }}.data.sources import imagenet
+from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
 from conftest import on_this_machine
@@ -28,7 +28,7 @@ def loader_with(train_set):
 
 @pytest.fixture
 def train_set(tiny_root):
-    source = imagenet(str(tiny_root), 32, 36, "raise")
+    source = sources.folder(str(tiny_root), 32, 36, "raise")
     return make_splits(source, folder.build(source, no_staging), PilDecoder()).train
 
 

@@ -11,7 +11,7 @@ from {{ cookiecutter.package }}.data.crops import CenterCrop
 from {{ cookiecutter.package }}.data.decoder import Decoded, Unreadable
 from {{ cookiecutter.package }}.data.format import folder
 from {{ cookiecutter.package }}.data.images import make_splits
-from {{ cookiecutter.package }}.data.sources import imagenet
+from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack
 
@@ -126,7 +126,7 @@ def test_a_zoo_file_pillow_refuses_leaves_a_cpu_decoder_decoding_the_next_one_it
 @pytest.mark.parametrize("name", DECODERS)
 def test_the_zoo_through_a_loader_worker_keeps_what_pillow_reads_and_skips_the_rest(name, zoo_root):
     """The data set of the zoo, one class per file, read by one worker process under data.on_error=skip."""
-    source = imagenet(str(zoo_root), CROP.size, CROP.resize, "skip")
+    source = sources.folder(str(zoo_root), CROP.size, CROP.resize, "skip")
     splits = make_splits(source, folder.build(source, no_staging), make_decoder(name))
     batches = [(splits.decoder.upload(images, DEVICE, False).cpu(), labels)
                for images, labels in loader(splits.val, 8, False, num_workers=1, collate=splits.decoder.collate)]

@@ -1,7 +1,7 @@
 """Loader-only throughput for any set of decoder, format and worker-count choices, with three references.
 
     python -m {{ cookiecutter.package }}.bench data.train_per_class=200            # 2000 synthetic JPEGs
-    python -m {{ cookiecutter.package }}.bench data=imagenet data.root=/data/imagenet-subset bench.num_workers=[4,8]
+    python -m {{ cookiecutter.package }}.bench data=folder data.root=/data/imagenet-subset bench.num_workers=[4,8]
 
 Rows measure training's own loader (loaders.training_loader) and the upload alone, no model: 224-pixel
 random-resized-crop and flip, ending at uint8 batches on `bench.device` (the float conversion happens later,

@@ -1,7 +1,7 @@
 """Train an image classifier; every speed technique is a config group picked on the command line.
 
     python -m {{ cookiecutter.package }}.train                                   # built-in synthetic JPEGs
-    python -m {{ cookiecutter.package }}.train data=imagenet data.root=/data/imagenet model.name=resnet50
+    python -m {{ cookiecutter.package }}.train data=folder data.root=/data/imagenet model.name=resnet50
 
 Each run ends with summary.json and a printed report: where the time went and what to flip next.
 """

@@ -1,4 +1,4 @@
-"""Where the images come from: `data=imagenet|synthetic`, the path of a JPEG tree, the crops to cut and the
+"""Where the images come from: `data=folder|synthetic`, the path of a JPEG tree, the crops to cut and the
 normalisation; and how a run's preprocessing is settled between the data's keys and the model's weights."""
 import logging
 from dataclasses import dataclass
@@ -40,9 +40,9 @@ def channels(key: str, values, default: tuple[float, ...]) -> tuple[float, ...]:
     return numbers
 
 
-def imagenet(root: str | None, crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01,
+def folder(root: str | None, crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01,
              mean=None, std=None) -> Source:
-    """The ImageNet layout: root/train/<class>/* and root/val/<class>/*."""
+    """A tree in the ImageNet layout: root/train/<class>/* and root/val/<class>/*."""
     path = Path(root).expanduser() if root else None
     if path is not None and not path.is_dir():
         raise ConfigError(f"data.root={root} does not exist")
