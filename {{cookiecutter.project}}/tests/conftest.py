@@ -334,6 +334,8 @@ BAD_INPUT = {
     "model.weights=NOSUCH": ["model.weights=NOSUCH"],
     "train.freeze_epochs without weights": ["train.freeze_epochs=1"],
     "data.mean of two channels": ["data.mean=[0.5,0.5]"],
+    "+ a key no option reads": ["+train.bach_size=32"],
+    "+data.root without data=folder": ["+data.root=/photos"],
 }
   # 120 images: 30 steps per epoch for one process
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core import failures
+from {{ cookiecutter.package }}.core.config import ConfigError
 from {{ cookiecutter.package }}.data.format import META
 from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.data.sources import Source
@@ -23,7 +23,7 @@ from {{ cookiecutter.package }}.tools.bench import bench, stores_for, timed_deco
 from {{ cookiecutter.package }}.tools.pack import pack_path, tree_key
 from {{ cookiecutter.package }}.tools.storage_probe import training_decoder
 
-from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line
+from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line, hydra_run
 
 FASTEST = options.fastest_cpu_decoder()  # of those installed here
 CPU_DECODERS = list(dict.fromkeys(["pil", "opencv", FASTEST]))
@@ -219,10 +219,10 @@ def test_a_pack_is_keyed_by_its_trees_index_and_read_again_while_that_is_unchang
 
 
 def compose_bench(root, tmp_path, *overrides: str):
-    with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
-        return compose("bench", ["data=folder", f"data.root={root}", "data.crop_size=32", "bench.formats=[folder]",
-                                 "bench.batch_size=4", "bench.timed_epochs=1", f"bench.pack_dir={tmp_path / 'packs'}",
-                                 *overrides])
+    """bench's config as hydra.main hands it over, writing into tmp_path: bench(cfg) runs inside the `with`."""
+    return hydra_run("bench", ["data=folder", f"data.root={root}", "data.crop_size=32", "bench.formats=[folder]",
+                               "bench.batch_size=4", "bench.timed_epochs=1", f"bench.pack_dir={tmp_path / 'packs'}",
+                               *overrides], tmp_path)
 
 
 def test_a_failing_storage_probe_is_one_line_and_leaves_every_row_measured_before_it(tiny_root, tmp_path, monkeypatch):
@@ -237,8 +237,8 @@ def test_a_failing_storage_probe_is_one_line_and_leaves_every_row_measured_befor
         return read_rate(*args)
 
     monkeypatch.setattr(storage_probe, "read_rate", failing_second)
-    cfg = compose_bench(tiny_root, tmp_path, f"bench.decoders=[{FASTEST}]", "bench.num_workers=[2]")
-    with pytest.raises(SystemExit) as exited:
+    with compose_bench(tiny_root, tmp_path, f"bench.decoders=[{FASTEST}]", "bench.num_workers=[2]") as cfg, \
+            pytest.raises(SystemExit) as exited:
         failures.one_line(lambda: bench(cfg, tmp_path))
     line = str(exited.value.code)
     assert line.startswith("error: the storage probe failed on format=folder (OSError: [Errno 5] Input/output "
@@ -258,11 +258,17 @@ def test_a_failing_storage_probe_is_one_line_and_leaves_every_row_measured_befor
 def test_the_probe_compares_reads_with_the_region_ceiling_where_trainings_decoder_decodes_regions(tiny_root, tmp_path):
     """The default decoder decodes only the crop's region: a loader of it could go as fast as the region ceiling, so
     storage limits it wherever reads are slower than that, not slower than decoding whole images."""
-    rows = bench(compose_bench(tiny_root, tmp_path, f"bench.decoders=[{training_decoder()}]", "bench.num_workers=[0]"),
-                 tmp_path)
+    with compose_bench(tiny_root, tmp_path, f"bench.decoders=[{training_decoder()}]", "bench.num_workers=[0]") as cfg:
+        rows = bench(cfg, tmp_path)
     full, region, storage = (next(row for row in rows if row["decoder"] == name)
                              for name in ("ceiling", "region ceiling", "storage"))
     assert region["images_per_s"] > 0 and region["images_per_s"] != full["images_per_s"]
     assert storage["vs_region_ceiling"] == pytest.approx(storage["images_per_s"] / region["images_per_s"])
     assert storage["limit"] == ("storage" if storage["images_per_s"] < region["images_per_s"] else "decode")
     assert "region decodes/s" in storage["note"], storage["note"]
+
+
+def test_bench_refuses_a_key_no_option_reads(tiny_root, tmp_path):
+    with compose_bench(tiny_root, tmp_path, "+bench.decoder=[pil]") as cfg, pytest.raises(ConfigError) as refused:
+        bench(cfg, tmp_path)
+    assert str(refused.value) == "+bench.decoder: no such key; did you mean bench.decoders?"

@@ -3,7 +3,6 @@ reports every row as a share of both."""
 import csv
 
 import pytest
-from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from {{ cookiecutter.package }} import options
@@ -11,7 +10,7 @@ from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.tools.bench import bench
 from {{ cookiecutter.package }}.tools.ceilings import Ceilings
 
-from conftest import encoded, photo
+from conftest import encoded, hydra_run, photo
 from test_decoder import make_decoder
 
 REGION_DECODERS = [name for name in options.options("decoder") if options.facts("decoder", name).region_decode
@@ -48,12 +47,11 @@ def test_the_region_ceiling_decodes_crops_faster_than_the_full_ceiling_decodes_i
 
 @pytest.mark.parametrize("name", REGION_DECODERS)
 def test_bench_gives_every_row_as_a_share_of_both_ceilings(name, photo_tree, tmp_path):
-    with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
-        cfg = compose("bench", ["data=folder", f"data.root={photo_tree}", "data.crop_size=64",
-                                "bench.formats=[folder]", f"bench.decoders=[{name}]", "bench.num_workers=[0]",
-                                "bench.batch_size=8", "bench.timed_epochs=1", "bench.probe_storage=false",
-                                f"bench.pack_dir={tmp_path / 'packs'}"])
-    rows = bench(cfg, tmp_path)
+    overrides = ["data=folder", f"data.root={photo_tree}", "data.crop_size=64", "bench.formats=[folder]",
+                 f"bench.decoders=[{name}]", "bench.num_workers=[0]", "bench.batch_size=8", "bench.timed_epochs=1",
+                 "bench.probe_storage=false", f"bench.pack_dir={tmp_path / 'packs'}"]
+    with hydra_run("bench", overrides, tmp_path) as cfg:
+        rows = bench(cfg, tmp_path)
     full, region = (next(row for row in rows if row["decoder"] == reference) for reference in ("ceiling", "region ceiling"))
     assert region["images_per_s"] > full["images_per_s"] > 0 and name in region["note"]
     # a pass of each before the baseline, before the one row and after it: the references span the rows' time

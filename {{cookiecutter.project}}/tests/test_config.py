@@ -17,6 +17,7 @@ from {{ cookiecutter.package }}.core.config import (
     ConfigError,
     _bounds,
     build,
+    check,
     check_ranges,
     describe_range,
     in_range,
@@ -26,7 +27,7 @@ from {{ cookiecutter.package }}.core.config import (
 from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.data.sources import Source
 
-from conftest import CONF, DEVICE, on_this_machine
+from conftest import CONF, DEVICE, hydra_run, on_this_machine, tiny
 
 # conf/export/ is the export command's own config folder (its format= names export formats): test_export.py's.
 OPTIONS = sorted((path.parent.name, path.stem) for path in CONF.glob("*/*.yaml") if path.parent.name != "export")
@@ -322,3 +323,35 @@ def test_a_validation_resize_below_the_crop_is_refused(compose_tiny):
 
 def test_data_imagenet_is_data_folder_under_its_old_name(compose_tiny):
     assert compose_tiny("data=imagenet").data == compose_tiny("data=folder").data
+
+
+def reading(group: str, key: str) -> list[str]:
+    """The options of `group` whose file declares `key`."""
+    return [option for option in options.options(group)
+            if key in OmegaConf.load(CONF / group / f"{option}.yaml").keys()]  # `in` alone skips a ??? value
+
+
+PACKS = reading("format", "path")
+
+
+@pytest.mark.parametrize(("added", "line"), [
+    ("+train.bach_size=32", "+train.bach_size: no such key; did you mean train.batch_size?"),
+    ("+data.root=/photos", "+data.root: data=synthetic has no such key; data=folder reads it: pass data=folder "
+                           "data.root=/photos"),
+    ("+format.path=/packed", f"+format.path: format=folder has no such key; format={', '.join(PACKS[:-1])} or "
+                             f"{PACKS[-1]} reads it: pass one, such as format={PACKS[0]} format.path=/packed"),
+    ("+nothing.like.it=1", f"+nothing.like.it: no such key; python -m {options.PACKAGE}.train --cfg job lists the "
+                           "keys"),
+])
+def test_a_key_no_option_reads_is_refused_in_one_line_naming_the_one_meant(added, line, cache_dir, tiny_root,
+                                                                            tmp_path):
+    with hydra_run("train", tiny((added,), cache_dir, tiny_root), tmp_path) as cfg, \
+            pytest.raises(ConfigError) as refused:
+        check(cfg)
+    assert str(refused.value) == line
+
+
+@pytest.mark.parametrize("option", options.options("experiment"))
+def test_every_recipe_added_with_a_plus_passes_the_checks(option, tmp_path):
+    with hydra_run("train", [f"+experiment={option}"], tmp_path) as cfg:
+        check(cfg)

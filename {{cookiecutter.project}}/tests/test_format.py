@@ -21,7 +21,7 @@ from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack, shorter_side_to, write_order
 
-from conftest import CONF, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, installed
+from conftest import CONF, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, hydra_run, installed
 
 PACKED = installed("format", options.having("format", "packed"))
 
@@ -276,3 +276,12 @@ def test_pack_on_a_full_disk_from_the_command_line_is_one_line(tiny_root, small_
                             capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: pack.out={disk / 'out'}: the pack needs about")
+
+
+def test_pack_refuses_a_key_no_option_reads(tiny_root, tmp_path):
+    from {{ cookiecutter.package }}.pack import pack_command
+
+    with hydra_run("pack", [f"data.root={tiny_root}", "pack.out=/packed", "+pack.short=256"], tmp_path) as cfg, \
+            pytest.raises(ConfigError) as refused:
+        pack_command(cfg)
+    assert str(refused.value) == "+pack.short: no such key; did you mean pack.short_side?"

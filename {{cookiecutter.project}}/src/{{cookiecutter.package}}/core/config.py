@@ -4,6 +4,7 @@ clear line, not a traceback.
 Every rank resolves the same run folder: under torchrun it is named after the rendezvous id, which all ranks
 (and an elastic restart of them) share, instead of a timestamp each rank would read for itself.
 """
+import difflib
 import importlib
 import importlib.util
 import os
@@ -17,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -205,14 +207,12 @@ AUTO_KEYS = {"loader.num_workers"}  # whole numbers that may also be measured at
 
 
 def check(cfg: DictConfig) -> None:
-    """Refuse a missing value, an override whose type differs from the default of its key, or a number out of range.
+    """Refuse a key that no option reads, a missing value, an override whose type differs from the default of its
+    key, or a number out of range.
 
-    Without a schema, Hydra takes `optim.lr=abc` as the string 'abc'; comparing against the
-    same options composed without the user's values catches that for every key of every group.
+    Without a schema, Hydra takes `optim.lr=abc` as the string 'abc' and `+train.bach_size=32` as a new key;
+    comparing against the same options composed without the user's values catches both for every key of every group.
     """
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise ConfigError(f"{missing[0]} has no value: pass {missing[0]}=...")
     hydra_cfg = HydraConfig.get()
     appended = {override.split("=")[0] for override in hydra_cfg.overrides.task if override.startswith("+")}
     choices = [f"{'+' if f'+{group}' in appended else ''}{group}={option}"  # +experiment=...: not in defaults
@@ -220,6 +220,10 @@ def check(cfg: DictConfig) -> None:
                if not group.startswith("hydra") and option is not None]
     defaults = compose(hydra_cfg.job.config_name, overrides=choices)
     plain = OmegaConf.to_container(defaults, resolve=False)
+    check_added(hydra_cfg, plain, choices)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"{missing[0]} has no value: pass {missing[0]}=...")
     for key, default in _leaves({k: v for k, v in plain.items() if k != "hydra"}):
         kind = _kind(default)
         value = OmegaConf.select(cfg, key)
@@ -231,6 +235,52 @@ def check(cfg: DictConfig) -> None:
     check_ranges(cfg)
     from .. import options  # options reads this module's FACTS and errors: imported here, where both are loaded
     options.refuse_missing_packages(cfg)
+
+
+def _has(tree: Any, key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return True
+
+
+def check_added(hydra_cfg: DictConfig, plain: dict, choices: list[str]) -> None:
+    """Refuse a key that `+key=value` (or `++`) adds and that no part of the project reads, since Hydra adds any key
+    it is given: the options picked (`plain`, composed from `choices`) declare every key their code takes. A key
+    another option of its group declares names that option; any other names the closest known key."""
+    for override in hydra_cfg.overrides.task:
+        key, _, value = override.lstrip("+").partition("=")
+        if not override.startswith("+") or key.split("@")[0] in hydra_cfg.runtime.choices or _has(plain, key):
+            continue  # a group picked with +, such as +experiment=..., or a key an option declares
+        group = key.split(".")[0]
+        if hydra_cfg.runtime.choices.get(group) is not None:
+            readers = options_reading(hydra_cfg.job.config_name, choices, group, key)
+            if readers:
+                which = " or ".join(filter(None, [", ".join(readers[:-1]), readers[-1]]))
+                such = "" if len(readers) == 1 else "one, such as "
+                raise ConfigError(f"+{key}: {group}={hydra_cfg.runtime.choices[group]} has no such key; "
+                                  f"{group}={which} reads it: pass {such}{group}={readers[0]} {key}={value}")
+        known = [name for name, _ in _leaves({k: v for k, v in plain.items() if k != "hydra"})
+                 if not any(part.startswith("_") for part in name.split("."))]  # not _target_, _ranges_, _facts_
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean {close[0]}?" if close else \
+            f"python -m {__package__.split('.')[0]}.{hydra_cfg.job.name} --cfg job lists the keys"
+        raise ConfigError(f"+{key}: no such key; {hint}")
+
+
+def options_reading(config_name: str, choices: list[str], group: str, key: str) -> list[str]:
+    """The options of `group` that declare `key` (group.name), each named once: an option that
+    only picks another (data=imagenet, the old name of data=folder) composes as that one and is left out."""
+    others = [choice for choice in choices if choice.lstrip("+").split("=")[0] != group]
+    readers, seen = [], []
+    for option in GlobalHydra.instance().config_loader().get_group_options(group):
+        node = OmegaConf.to_container(compose(config_name, overrides=[*others, f"{group}={option}"])[group],
+                                      resolve=False)
+        if node not in seen and _has({group: node}, key):
+            readers.append(option)
+        seen.append(node)
+    return readers
 
 
 def chosen_keys(cfg: DictConfig, group: str) -> set[str]:

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from .. import options
 from ..contracts import Decoder, Order, Stores
-from ..core.config import ConfigError, build, optional_import
+from ..core.config import ConfigError, build, check, optional_import
 from ..core.distributed import ALONE
 from ..core.files import bytes_in
 from ..core.hardware import synchronize
@@ -179,6 +179,7 @@ def chart(rows: list[dict], path: Path) -> None:
 
 
 def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
+    check(cfg)
     source = build(cfg.data)
     if source.root is None:
         built_in = " or ".join(f"data={name}" for name in options.having("data", "built_in"))
