@@ -355,3 +355,10 @@ def test_a_key_no_option_reads_is_refused_in_one_line_naming_the_one_meant(added
 def test_every_recipe_added_with_a_plus_passes_the_checks(option, tmp_path):
     with hydra_run("train", [f"+experiment={option}"], tmp_path) as cfg:
         check(cfg)
+
+
+def test_a_packed_format_without_its_path_is_refused_saying_what_to_give(cache_dir, tiny_root, tmp_path):
+    with hydra_run("train", tiny(("format=lmdb", "format.path=???"), cache_dir, tiny_root), tmp_path) as cfg, \
+            pytest.raises(ConfigError) as refused:
+        check(cfg)
+    assert str(refused.value) == "format.path has no value: pass format.path=..., the folder pack wrote (its pack.out)"

@@ -285,3 +285,13 @@ def test_pack_refuses_a_key_no_option_reads(tiny_root, tmp_path):
             pytest.raises(ConfigError) as refused:
         pack_command(cfg)
     assert str(refused.value) == "+pack.short: no such key; did you mean pack.short_side?"
+
+
+def test_pack_without_pack_out_is_one_line_saying_what_to_give(tiny_root, tmp_path):
+    from {{ cookiecutter.package }}.core.failures import one_line
+    from {{ cookiecutter.package }}.pack import pack_command
+
+    with hydra_run("pack", [f"data.root={tiny_root}"], tmp_path) as cfg, pytest.raises(SystemExit) as exited:
+        one_line(lambda: pack_command(cfg))
+    assert exited.value.code == ("error: pack.out has no value: pass pack.out=..., the folder to write "
+                                 "(format=litdata: or s3://bucket/prefix), under a temporary name renamed when complete")

@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import os
 import platform
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -223,7 +224,8 @@ def check(cfg: DictConfig) -> None:
     check_added(hydra_cfg, plain, choices)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
-        raise ConfigError(f"{missing[0]} has no value: pass {missing[0]}=...")
+        wants = wanted(hydra_cfg, missing[0])
+        raise ConfigError(f"{missing[0]} has no value: pass {missing[0]}=...{f', {wants}' if wants else ''}")
     for key, default in _leaves({k: v for k, v in plain.items() if k != "hydra"}):
         kind = _kind(default)
         value = OmegaConf.select(cfg, key)
@@ -281,6 +283,29 @@ def options_reading(config_name: str, choices: list[str], group: str, key: str) 
             readers.append(option)
         seen.append(node)
     return readers
+
+
+def wanted(hydra_cfg: DictConfig, key: str) -> str | None:
+    """What a mandatory (???) key wants, as the comment on its line says: in the file of the option that holds it,
+    or in the entry point's own config file, in the first config folder that has that file."""
+    group, _, rest = key.partition(".")
+    option = hydra_cfg.runtime.choices.get(group) if rest else None
+    file, name = (f"{group}/{option}.yaml", rest) if option else (f"{hydra_cfg.job.config_name}.yaml", key)
+    folders = [Path(source.path) for source in hydra_cfg.runtime.config_sources if source.schema == "file"]
+    path = next((folder / file for folder in folders if (folder / file).is_file()), None)
+    if path is None:
+        return None
+    nesting = []  # (indent, name) of the keys that enclose the current line
+    for line in path.read_text().splitlines():
+        found = re.match(r"( *)([\w-]+):([^#]*)(?:#\s*(.*))?$", line)
+        if not found:
+            continue
+        while nesting and nesting[-1][0] >= len(found[1]):
+            nesting.pop()
+        nesting.append((len(found[1]), found[2]))
+        if ".".join(part for _, part in nesting) == name:
+            return found[4]
+    return None
 
 
 def chosen_keys(cfg: DictConfig, group: str) -> set[str]:
