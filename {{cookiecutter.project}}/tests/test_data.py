@@ -59,6 +59,14 @@ def test_bad_file_raises_with_its_path_when_asked(tree_with_bad_files):
         splits.train[bad_index]
 
 
+def test_a_root_at_a_file_is_refused_saying_a_folder_is_wanted(tmp_path):
+    (tmp_path / "photos.zip").write_bytes(b"PK")
+    with pytest.raises(ConfigError) as refused:
+        sources.folder(str(tmp_path / "photos.zip"), 32, 36, "skip")
+    assert str(refused.value) == f"data.root={tmp_path / 'photos.zip'} is a file; pass the folder that holds " \
+                                 "train/<class>/ and val/<class>/"
+
+
 def test_missing_or_empty_root_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         sources.folder(str(tmp_path / "nowhere"), 32, 36, "skip")

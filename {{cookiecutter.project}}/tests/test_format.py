@@ -111,6 +111,17 @@ def test_a_missing_pack_is_refused_with_the_command_that_writes_it(format, tmp_p
 
 
 @pytest.mark.parametrize("format", PACKED)
+def test_a_pack_path_at_a_file_is_refused_saying_a_folder_is_wanted(format, tmp_path):
+    file = tmp_path / "train.h5"
+    file.write_bytes(b"not a pack")
+    prefix = "folder or s3:// prefix" if options.facts("format", format).remote else "folder"
+    with pytest.raises(ConfigError) as refused:
+        open_pack(format, file)
+    assert str(refused.value) == f"format.path={file} is a file; pass the {prefix} pack wrote (its pack.out, which " \
+                                 f"holds {META})"
+
+
+@pytest.mark.parametrize("format", PACKED)
 def test_truncated_pack_is_refused_before_training(format, packs, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(packs[format], copy)

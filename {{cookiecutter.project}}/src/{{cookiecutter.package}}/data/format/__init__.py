@@ -33,6 +33,9 @@ class Packed(Store):
 def read_meta(folder: Path, format: str) -> dict:
     """pack.json of a packed folder, refusing a folder of another format or one whose files do not match it."""
     meta_path = folder / META
+    if folder.is_file():
+        raise ConfigError(f"format.path={folder} is a file; pass the folder pack wrote (its pack.out, which holds "
+                          f"{META})")
     if not folder.is_dir():
         raise ConfigError(f"format.path={folder} does not exist; "
                           "write it with python -m {{ cookiecutter.package }}.pack")

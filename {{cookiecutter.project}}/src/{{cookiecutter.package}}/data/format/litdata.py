@@ -77,6 +77,9 @@ def checked_meta(path: str, endpoint_url: str | None) -> dict:
         files = sizes_at(path, endpoint_url)
     except Exception as err:  # noqa: BLE001 - boto3 and the file system each fail their own way
         raise ConfigError(f"format.path={path} cannot be listed: {str(err).splitlines()[0]}") from None
+    if not is_remote(path) and Path(path).expanduser().is_file():
+        raise ConfigError(f"format.path={path} is a file; pass the folder or s3:// prefix pack wrote (its pack.out, "
+                          f"which holds {META})")
     if not files:
         raise ConfigError(f"format.path={path} is empty or does not exist; write it with "
                           "python -m {{ cookiecutter.package }}.pack format=litdata")
