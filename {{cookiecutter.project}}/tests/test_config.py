@@ -321,6 +321,22 @@ def test_a_validation_resize_below_the_crop_is_refused(compose_tiny):
         check_ranges(cfg)
 
 
+@pytest.mark.parametrize("option", options.options("data"))
+def test_the_validation_resize_follows_the_crop_unless_set(option):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):  # not debug=tiny, which sets both
+        assert compose("train", [f"data={option}"]).data.val_resize == 256
+        assert compose("train", [f"data={option}", "data.crop_size=64"]).data.val_resize == 73  # 64 / 0.875
+        assert compose("train", [f"data={option}", "data.crop_size=64", "data.val_resize=100"]).data.val_resize == 100
+
+
+def test_a_validation_resize_that_is_not_a_number_is_refused(tmp_path):
+    with hydra_run("train", ["data.val_resize=big"], tmp_path) as cfg, pytest.raises(ConfigError) as refused:
+        check(cfg)
+    assert str(refused.value) == "data.val_resize='big' is not a whole number, as its default 256 is"
+
+
 def test_data_imagenet_is_data_folder_under_its_old_name(compose_tiny):
     assert compose_tiny("data=imagenet").data == compose_tiny("data=folder").data
 

@@ -227,6 +227,8 @@ def check(cfg: DictConfig) -> None:
         wants = wanted(hydra_cfg, missing[0])
         raise ConfigError(f"{missing[0]} has no value: pass {missing[0]}=...{f', {wants}' if wants else ''}")
     for key, default in _leaves({k: v for k, v in plain.items() if k != "hydra"}):
+        if isinstance(default, str) and default.startswith("${"):  # an interpolation's kind is that of its value
+            default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
         kind = _kind(default)
         value = OmegaConf.select(cfg, key)
         if key in AUTO_KEYS and value == "auto":
@@ -317,14 +319,24 @@ def chosen_keys(cfg: DictConfig, group: str) -> set[str]:
         return set(node)
     run = HydraConfig.get()
     named = {override.lstrip("+~").split("=")[0] for override in run.overrides.task}
+    # Compared unresolved: data.val_resize follows data.crop_size, but only the crop was chosen.
     alone = compose(run.job.config_name, overrides=[f"{group}={run.runtime.choices[group]}"])[group]
-    return {key for key in node if f"{group}.{key}" in named or node.get(key) != alone.get(key)}
+    given, alone = (OmegaConf.to_container(each, resolve=False) for each in (node, alone))
+    return {key for key in node if f"{group}.{key}" in named or given.get(key) != alone.get(key)}
 
 
 def linear_lr(base: float, reference_batch: int, *, _root_) -> float:
     """`base` per `reference_batch` images of the global batch, train.batch_size times the processes of the job
     (torchrun's WORLD_SIZE): the linear scaling rule of Goyal et al. (arXiv:1706.02677)."""
     return base * _root_.train.batch_size * int(os.environ.get("WORLD_SIZE", 1)) / reference_batch
+
+
+CROP_SHARE = 0.875  # of the validation image's shorter side that its centre crop keeps: ImageNet's 224 of 256
+
+
+def resize_for(crop_size: int) -> int:
+    """data.val_resize where none is set: the shorter side whose centre crop of `crop_size` keeps CROP_SHARE of it."""
+    return round(crop_size / CROP_SHARE)
 
 
 NO_RENDEZVOUS_ID = "none"  # what torchrun sets TORCHELASTIC_RUN_ID to when the job was given no --rdzv-id
@@ -354,3 +366,4 @@ OmegaConf.register_new_resolver("run_name", run_name, replace=True)
 OmegaConf.register_new_resolver("rank_suffix", rank_suffix, replace=True)
 OmegaConf.register_new_resolver("rank_label", rank_label, replace=True)
 OmegaConf.register_new_resolver("linear_lr", linear_lr, replace=True)
+OmegaConf.register_new_resolver("resize_for", resize_for, replace=True)
