@@ -28,6 +28,16 @@ def tree(root: Path, classes: int, per_class: int) -> Path:
     return root
 
 
+def test_a_validation_split_without_some_classes_gets_one_warning_naming_one(tmp_path, caplog):
+    tree(tmp_path / "train", classes=3, per_class=2)
+    tree(tmp_path / "val", classes=1, per_class=2)
+    with caplog.at_level("WARNING"):
+        folder.open_tree(tmp_path)
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{tmp_path / 'val'} lacks 2 of the 3 classes of train/ (such as n00000001): the validation scores leave "
+        "them out"]
+
+
 def test_the_index_holds_the_files_a_walk_finds_in_sorted_order_with_their_labels(tmp_path):
     split = tree(tmp_path / "train", classes=3, per_class=4)
     (split / "n00000001" / "UPPER.JPG").touch()

@@ -95,7 +95,11 @@ def list_split(split_dir: Path, classes: list[str] | None = None) -> tuple[FileI
     classes = classes or found
     if set(found) - set(classes):
         raise ConfigError(f"{split_dir} has class folders that train/ lacks: {sorted(set(found) - set(classes))[:5]}")
-    present = set(found)  # val may lack some of train's classes
+    present = set(found)  # val may lack some of train's classes, which its scores then leave out: say so
+    absent = [name for name in classes if name not in present]
+    if absent:
+        log.warning("%s lacks %d of the %d classes of train/ (such as %s): the validation scores leave them out",
+                    split_dir, len(absent), len(classes), absent[0])
     stamps = modified(split_dir, classes, present)
     cache = index_cache(split_dir, classes)
     index = cached(cache, split_dir, stamps)
