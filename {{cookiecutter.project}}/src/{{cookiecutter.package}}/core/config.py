@@ -4,12 +4,10 @@ clear line, not a traceback.
 Every rank resolves the same run folder: under torchrun it is named after the rendezvous id, which all ranks
 (and an elastic restart of them) share, instead of a timestamp each rank would read for itself.
 """
-import difflib
 import importlib
 import importlib.util
 import os
 import platform
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -19,11 +17,12 @@ from types import ModuleType
 from typing import Any
 
 from hydra import compose
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from packaging.requirements import Requirement
+
+from .keys import leaves, unknown_added, wanted
 
 
 class ClearError(Exception):
@@ -186,14 +185,6 @@ def check_ranges(cfg: DictConfig) -> None:
                           "validation crop is cut from the resized image; raise data.val_resize")
 
 
-def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _leaves(value, f"{prefix}{key}.")
-    else:
-        yield prefix[:-1], node
-
-
 def _kind(default: Any) -> tuple[str, tuple[type, ...]] | None:
     if isinstance(default, bool):
         return "true or false", (bool,)
@@ -221,12 +212,13 @@ def check(cfg: DictConfig) -> None:
                if not group.startswith("hydra") and option is not None]
     defaults = compose(hydra_cfg.job.config_name, overrides=choices)
     plain = OmegaConf.to_container(defaults, resolve=False)
-    check_added(hydra_cfg, plain, choices)
+    if unknown := unknown_added(hydra_cfg, plain, choices):
+        raise ConfigError(unknown)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         wants = wanted(hydra_cfg, missing[0])
         raise ConfigError(f"{missing[0]} has no value: pass {missing[0]}=...{f', {wants}' if wants else ''}")
-    for key, default in _leaves({k: v for k, v in plain.items() if k != "hydra"}):
+    for key, default in leaves({k: v for k, v in plain.items() if k != "hydra"}):
         if isinstance(default, str) and default.startswith("${"):  # an interpolation's kind is that of its value
             default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
         kind = _kind(default)
@@ -239,75 +231,6 @@ def check(cfg: DictConfig) -> None:
     check_ranges(cfg)
     from .. import options  # options reads this module's FACTS and errors: imported here, where both are loaded
     options.refuse_missing_packages(cfg)
-
-
-def _has(tree: Any, key: str) -> bool:
-    for part in key.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return False
-        tree = tree[part]
-    return True
-
-
-def check_added(hydra_cfg: DictConfig, plain: dict, choices: list[str]) -> None:
-    """Refuse a key that `+key=value` (or `++`) adds and that no part of the project reads, since Hydra adds any key
-    it is given: the options picked (`plain`, composed from `choices`) declare every key their code takes. A key
-    another option of its group declares names that option; any other names the closest known key."""
-    for override in hydra_cfg.overrides.task:
-        key, _, value = override.lstrip("+").partition("=")
-        if not override.startswith("+") or key.split("@")[0] in hydra_cfg.runtime.choices or _has(plain, key):
-            continue  # a group picked with +, such as +experiment=..., or a key an option declares
-        group = key.split(".")[0]
-        if hydra_cfg.runtime.choices.get(group) is not None:
-            readers = options_reading(hydra_cfg.job.config_name, choices, group, key)
-            if readers:
-                which = " or ".join(filter(None, [", ".join(readers[:-1]), readers[-1]]))
-                such = "" if len(readers) == 1 else "one, such as "
-                raise ConfigError(f"+{key}: {group}={hydra_cfg.runtime.choices[group]} has no such key; "
-                                  f"{group}={which} reads it: pass {such}{group}={readers[0]} {key}={value}")
-        known = [name for name, _ in _leaves({k: v for k, v in plain.items() if k != "hydra"})
-                 if not any(part.startswith("_") for part in name.split("."))]  # not _target_, _ranges_, _facts_
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = f"did you mean {close[0]}?" if close else \
-            f"python -m {__package__.split('.')[0]}.{hydra_cfg.job.name} --cfg job lists the keys"
-        raise ConfigError(f"+{key}: no such key; {hint}")
-
-
-def options_reading(config_name: str, choices: list[str], group: str, key: str) -> list[str]:
-    """The options of `group` that declare `key` (group.name), each named once: an option that
-    only picks another (data=imagenet, the old name of data=folder) composes as that one and is left out."""
-    others = [choice for choice in choices if choice.lstrip("+").split("=")[0] != group]
-    readers, seen = [], []
-    for option in GlobalHydra.instance().config_loader().get_group_options(group):
-        node = OmegaConf.to_container(compose(config_name, overrides=[*others, f"{group}={option}"])[group],
-                                      resolve=False)
-        if node not in seen and _has({group: node}, key):
-            readers.append(option)
-        seen.append(node)
-    return readers
-
-
-def wanted(hydra_cfg: DictConfig, key: str) -> str | None:
-    """What a mandatory (???) key wants, as the comment on its line says: in the file of the option that holds it,
-    or in the entry point's own config file, in the first config folder that has that file."""
-    group, _, rest = key.partition(".")
-    option = hydra_cfg.runtime.choices.get(group) if rest else None
-    file, name = (f"{group}/{option}.yaml", rest) if option else (f"{hydra_cfg.job.config_name}.yaml", key)
-    folders = [Path(source.path) for source in hydra_cfg.runtime.config_sources if source.schema == "file"]
-    path = next((folder / file for folder in folders if (folder / file).is_file()), None)
-    if path is None:
-        return None
-    nesting = []  # (indent, name) of the keys that enclose the current line
-    for line in path.read_text().splitlines():
-        found = re.match(r"( *)([\w-]+):([^#]*)(?:#\s*(.*))?$", line)
-        if not found:
-            continue
-        while nesting and nesting[-1][0] >= len(found[1]):
-            nesting.pop()
-        nesting.append((len(found[1]), found[2]))
-        if ".".join(part for _, part in nesting) == name:
-            return found[4]
-    return None
 
 
 def chosen_keys(cfg: DictConfig, group: str) -> set[str]:
