@@ -44,6 +44,7 @@ def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp
          f"hydra.run.dir={tmp_path}"], cwd=PROJECT, capture_output=True, text=True, timeout=300,
         env={**os.environ, **QUIET})
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
     with (tmp_path / "bench.csv").open() as file:
         written = list(csv.DictReader(file))
     probe = [row for row in written if row["decoder"] == "storage"]

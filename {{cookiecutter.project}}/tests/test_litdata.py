@@ -10,10 +10,12 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.config import ConfigError
-from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.core.config import ConfigError, build
+from {{ cookiecutter.package }}.core.distributed import ALONE, World
 from {{ cookiecutter.package }}.data.format import litdata
-from {{ cookiecutter.package }}.data.loaders import check_fit, make_loaders
+from {{ cookiecutter.package }}.data.images import make_splits
+from {{ cookiecutter.package }}.data.loaders import check_fit, make_loaders, training_loader
+from {{ cookiecutter.package }}.data.staging import no_staging
 
 from conftest import (
     CONF,
@@ -68,6 +70,32 @@ def test_every_decoder_reads_the_stream_as_it_reads_lmdb(name, compose_tiny):
     here = on_this_machine(f"decoder={name}")
     streamed = first_val_batch(compose_tiny(*LITDATA, f"decoder={name}", *here))
     assert torch.equal(streamed, first_val_batch(compose_tiny("format=lmdb", f"decoder={name}", *here)))
+
+
+def test_a_dropped_loader_ends_its_persistent_workers_at_once_in_the_process_that_started_them(compose_tiny):
+    """With the garbage collector off, as it is until it happens to run: a loader left in a reference cycle would
+    keep its workers until a collection, perhaps in a worker forked for the next loader, which cannot end them
+    ("Exception ignored ... can only test a child process" on bench's stderr)."""
+    import gc
+    import multiprocessing
+
+    cfg = compose_tiny(*LITDATA)
+    source = build(cfg.data)
+    stores = build(cfg.format, source=source, stage=no_staging)
+    splits = make_splits(source, stores, build(cfg.decoder))
+    gc.collect()
+    gc.disable()
+    before = multiprocessing.active_children()  # earlier tests' workers, where they are still alive
+    try:  # the loader as bench builds one per row
+        loader = training_loader(stores, splits.train, 4, 0, ALONE, splits.decoder.collate, num_workers=1,
+                                 prefetch_factor=2, pin_memory=False, persistent_workers=True)
+        assert len([batch for batch in loader]) > 0
+        workers = [process for process in multiprocessing.active_children() if process not in before]
+        assert len(workers) == 1, "its persistent worker, between epochs"
+        del loader
+        assert not workers[0].is_alive()
+    finally:
+        gc.enable()
 
 
 EPOCHS_SEEN = """

@@ -11,6 +11,7 @@ A pack is a folder (or prefix) with `train/` and `val/`, each LitData's `index.j
 import json
 import logging
 import multiprocessing
+import weakref
 from pathlib import Path
 
 from ...contracts import Store, Stores
@@ -220,6 +221,16 @@ def stream_loader_class():
         def coverage(self) -> None:
             """LitData hands its workers their indices itself: this loader cannot tell which a batch holds."""
             return None
+
+        def _get_iterator(self):
+            iterator = super()._get_iterator()
+            if self.num_workers > 0:
+                # LitData's iterator holds its loader, which holds a persistent iterator: a cycle that only the
+                # garbage collector frees, perhaps inside a worker forked later for another loader, where ending
+                # these workers fails ("can only test a child process"). Held weakly, the loader's last reference
+                # ends its workers at once, in the process that started them.
+                iterator._loader = weakref.proxy(self)
+            return iterator
 
     return Streamed
 
