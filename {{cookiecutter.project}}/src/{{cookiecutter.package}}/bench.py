@@ -28,7 +28,8 @@ from omegaconf import DictConfig
 
 from . import options
 from .core import failures
-from .tools.bench import bench, table
+from .tools.bench import bench
+from .tools.bench_report import table
 
 log = logging.getLogger(__name__)
 
