@@ -20,6 +20,7 @@ from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.data.sources import Source
 from {{ cookiecutter.package }}.tools import storage_probe
 from {{ cookiecutter.package }}.tools.bench import bench, stores_for, timed_decoders
+from {{ cookiecutter.package }}.tools.bench_report import chart, table
 from {{ cookiecutter.package }}.tools.pack import pack_path, tree_key
 from {{ cookiecutter.package }}.tools.storage_probe import training_decoder
 
@@ -61,15 +62,16 @@ def test_bench_writes_a_row_per_configuration_and_both_references(tiny_root, tmp
         assert sorted(rows_here[3:-2]) == sorted((name, format) for name in decoders for format in ("folder", "litdata"))
     ordered = {(row["format"], row["order"]) for row in written if row["order"]}
     assert ordered == {("folder", "random"), ("litdata", "random"), ("tensor", "random"), ("tensor", "blocks")}
-    for row in written:  # timed where this machine can run it; otherwise a row saying why
+    for row in written:  # timed where this machine can run it; otherwise a row saying why, with no figures
         facts = options.facts("decoder", row["decoder"]) if row["decoder"] in decoders else options.Facts()
         timed = not facts.missing() and (CUDA or not facts.gpu or facts.bench_without_gpu)
-        assert (float(row["images_per_s"]) > 0) == timed, row
+        assert (row["images_per_s"] != "" and float(row["images_per_s"]) > 0) == timed, row
         if not timed:
             assert row["note"].startswith("not run: ") and (facts.missing() or facts.gpu) in row["note"], row
+            assert row["vs_baseline"] == row["vs_ceiling"] == "", row
     baseline = [row for row in written if row["decoder"] == "baseline"]
     assert all(float(row["vs_baseline"]) == 1.0 for row in baseline)
-    for row in written:  # the ratios are those of the figures in the same file
+    for row in (row for row in written if row["images_per_s"]):  # the ratios are those of the figures in the same file
         reference = next(b for b in baseline if b["num_workers"] == row["num_workers"])
         ratio = float(row["images_per_s"]) / float(reference["images_per_s"])
         assert abs(ratio - float(row["vs_baseline"])) < 0.02 * ratio + 0.01
@@ -273,3 +275,35 @@ def test_bench_refuses_a_key_no_option_reads(tiny_root, tmp_path):
     with compose_bench(tiny_root, tmp_path, "+bench.decoder=[pil]") as cfg, pytest.raises(ConfigError) as refused:
         bench(cfg, tmp_path)
     assert str(refused.value) == "+bench.decoder: no such key; did you mean bench.decoders?"
+
+
+GPU_ONLY = next((name for name in options.options("decoder") if (facts := options.facts("decoder", name)).gpu
+                 and not facts.bench_without_gpu), None)
+
+
+@pytest.mark.skipif(GPU_ONLY is None, reason="no decoder here is one bench cannot time without a GPU")
+def test_a_row_that_did_not_run_says_why_in_place_of_its_figures(tiny_root, tmp_path):
+    with compose_bench(tiny_root, tmp_path, f"bench.decoders=[{FASTEST},{GPU_ONLY}]", "bench.device=cpu",
+                       "bench.num_workers=[0]", "bench.probe_storage=false") as cfg:
+        rows = bench(cfg, tmp_path)
+    why = f"not run: {options.facts('decoder', GPU_ONLY).gpu}, and bench.device is cpu; on cpu"
+    assert f"{GPU_ONLY:<15}{'folder':<14}{0:>8}  {why}" in table(rows).splitlines()
+    with (tmp_path / "bench.csv").open() as file:
+        written = next(row for row in csv.DictReader(file) if row["decoder"] == GPU_ONLY)
+    assert [written[column] for column in ("images_per_s", "vs_baseline", "vs_ceiling", "note")] == ["", "", "", why]
+
+
+def test_the_chart_draws_the_storage_probes_reads_in_a_panel_of_their_own(tmp_path, monkeypatch):
+    """Reads per second run ten times the decode rates: on one axis they would flatten the loaders' bars."""
+    from matplotlib.figure import Figure
+
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda figure, path, **kwargs: drawn.append(figure))
+    row = {"format": "folder", "num_workers": 2}
+    loaders = [{**row, "decoder": "baseline", "images_per_s": 400.0, "reference": True},
+               {**row, "decoder": "pil", "images_per_s": 700.0}, {**row, "decoder": "nvjpeg", "images_per_s": None}]
+    storage = [{**row, "decoder": "storage", "images_per_s": 38000.0, "reference": True}]
+    chart(loaders, storage, tmp_path / "bench.png")
+    panels = drawn[0].axes
+    assert [axis.get_ylabel() for axis in panels] == ["images/s (loader only)", "random reads/s (storage probe)"]
+    assert [[bar.get_height() for bar in axis.patches] for axis in panels] == [[400.0, 700.0], [38000.0]]

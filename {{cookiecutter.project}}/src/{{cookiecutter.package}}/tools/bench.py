@@ -247,7 +247,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                                  order_name, staging, count, timed.rate)
                 if not holds_pixels:
                     written.add([{"decoder": name, "format": format, "staging": staging, "workers": workers,
-                                  "num_workers": workers, "images_per_s": 0.0, "unreadable": "",
+                                  "num_workers": workers, "images_per_s": None, "unreadable": "",
                                   "note": f"not run: {reason}"} for name, reason in unable.items()])
     references.measure()
     written.save()  # with the last pass of the references
@@ -256,6 +256,5 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
         probe(list(settings.formats),
               lambda format: stores_for(format, source, pack_dir, key, settings.short_side).train,
               readers, references, written)
-    rows = written.rows()
-    chart(rows, run_dir / "bench.png")
-    return rows
+    chart(written.loader_rows(), written.probed, run_dir / "bench.png")
+    return written.rows()

@@ -22,9 +22,13 @@ class BenchCsv:
         self.measured: list[dict] = []  # the references keep their Ceiling until the rows are given (shares)
         self.probed: list[dict] = []
 
-    def rows(self) -> list[dict]:
+    def loader_rows(self) -> list[dict]:
+        """The loaders' rows and the references, each with its shares of the references."""
         return [{**row, "note": "; ".join(filter(None, [row["note"], f"on {self.device.type}"]))}
-                for row in shares(self.measured, self.cache)] + self.probed
+                for row in shares(self.measured, self.cache)]
+
+    def rows(self) -> list[dict]:
+        return self.loader_rows() + self.probed
 
     def add(self, rows: list[dict], probed: bool = False) -> None:
         (self.probed if probed else self.measured).extend(rows)

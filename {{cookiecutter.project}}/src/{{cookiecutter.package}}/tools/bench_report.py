@@ -12,27 +12,42 @@ def read_from(row: dict) -> str:
     return read if staging == options.default("staging") else f"{read}+{staging}"
 
 
-def chart(rows: list[dict], path: Path) -> None:
-    pyplot = optional_import("matplotlib.pyplot", "bench")
-    rows = [row for row in rows if row["images_per_s"]]  # not the decoders this machine could not run
-    figure, axes = pyplot.subplots(figsize=(max(6, len(rows) * 0.9), 4))
-    labels = [f"{row['decoder']}\n{read_from(row)}\nw={row['num_workers']}" for row in rows]
-    colours = {"storage": "tab:orange"}  # the storage probe's reads beside the loaders and references
-    axes.bar(labels, [row["images_per_s"] for row in rows],
-             color=[colours.get(row["decoder"], "grey" if row.get("reference") else "tab:blue") for row in rows])
-    axes.set_ylabel("images/s (loader only)")
-    axes.tick_params(axis="x", labelsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+def ran(row: dict) -> bool:
+    """Whether the row was measured: one this machine cannot run has no rate, and its note says why."""
+    return row["images_per_s"] is not None
 
 
 def table(rows: list[dict]) -> str:
     def ratio(value, width: int) -> str:
         return f"{value:>{width}.2f}" if isinstance(value, float) else f"{'':>{width}}"
 
+    def figures(row: dict) -> str:
+        if not ran(row):
+            return f"  {row['note']}"
+        return (f"{row['images_per_s']:>10.0f}{ratio(row.get('vs_baseline'), 11)}{ratio(row.get('vs_ceiling'), 10)}"
+                f"{ratio(row.get('vs_region_ceiling'), 9)}{row['unreadable']!s:>11}  {row['note']}")
+
     lines = [f"{'decoder':<15}{'format':<14}{'workers':>8}{'images/s':>10}{'x baseline':>11}{'x ceiling':>10}"
              f"{'x region':>9}{'unreadable':>11}  note"]
-    lines += [f"{row['decoder']:<15}{read_from(row):<14}{row['num_workers']:>8}{row['images_per_s']:>10.0f}"
-              f"{ratio(row.get('vs_baseline'), 11)}{ratio(row.get('vs_ceiling'), 10)}"
-              f"{ratio(row.get('vs_region_ceiling'), 9)}{row['unreadable']!s:>11}  {row['note']}" for row in rows]
+    lines += [f"{row['decoder']:<15}{read_from(row):<14}{row['num_workers']:>8}{figures(row)}" for row in rows]
     return "\n".join(lines)
+
+
+def chart(loader_rows: list[dict], storage_rows: list[dict], path: Path) -> None:
+    """The loaders (blue) and references (grey) in images/s; the storage probe's reads per second, often ten times
+    more, in a panel of their own, so that they do not flatten the loaders' bars."""
+    pyplot = optional_import("matplotlib.pyplot", "bench")
+    measured = [row for row in loader_rows if ran(row)]
+    panels = [(measured, "images/s (loader only)", ["grey" if row.get("reference") else "tab:blue" for row in measured]),
+              (storage_rows, "random reads/s (storage probe)", ["tab:orange"] * len(storage_rows))]
+    panels = [panel for panel in panels if panel[0]]
+    figure, axes = pyplot.subplots(1, len(panels), squeeze=False, width_ratios=[len(rows) for rows, *_ in panels],
+                                   figsize=(max(6, sum(len(rows) for rows, *_ in panels) * 0.9), 4))
+    for axis, (rows, unit, colours) in zip(axes[0], panels):
+        axis.bar([f"{row['decoder']}\n{read_from(row)}\nw={row['num_workers']}" for row in rows],
+                 [row["images_per_s"] for row in rows], color=colours)
+        axis.set_ylabel(unit)
+        axis.tick_params(axis="x", labelsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    pyplot.close(figure)

@@ -125,16 +125,18 @@ def shares(rows: list[dict], cache: str) -> list[dict]:
     for row in map(dict, rows):
         if "ceiling" in row:
             ceiling: Ceiling | None = row.pop("ceiling")
-            row.update(reference=True, images_per_s=ceiling.rate * cores_for(row["workers"]) if ceiling else 0.0,
+            row.update(reference=True, images_per_s=ceiling.rate * cores_for(row["workers"]) if ceiling else None,
                        unreadable=ceiling.unreadable if ceiling else "",
                        note="; ".join(filter(None, [row["note"], ceiling.spread() if ceiling else ""])))
         given.append(row)
     for row in given:
+        row["page_cache"] = cache
+        if row["images_per_s"] is None:  # not run: no rate, so no shares (its note says why)
+            continue
         full, baseline_row, region = (next(reference for reference in given if reference["decoder"] == name and
                                            reference["workers"] == row["workers"])
                                       for name in ("ceiling", "baseline", "region ceiling"))
         row["vs_baseline"] = row["images_per_s"] / baseline_row["images_per_s"]
         row["vs_ceiling"] = row["images_per_s"] / full["images_per_s"]
         row["vs_region_ceiling"] = row["images_per_s"] / region["images_per_s"] if region["images_per_s"] else ""
-        row["page_cache"] = cache
     return given
