@@ -20,7 +20,7 @@ from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.data.sources import Source
 from {{ cookiecutter.package }}.tools import storage_probe
 from {{ cookiecutter.package }}.tools.bench import bench, stores_for, timed_decoders
-from {{ cookiecutter.package }}.tools.bench_report import chart, table
+from {{ cookiecutter.package }}.tools.bench_report import best_line, chart, table
 from {{ cookiecutter.package }}.tools.pack import pack_path, tree_key
 from {{ cookiecutter.package }}.tools.storage_probe import training_decoder
 
@@ -307,3 +307,22 @@ def test_the_chart_draws_the_storage_probes_reads_in_a_panel_of_their_own(tmp_pa
     panels = drawn[0].axes
     assert [axis.get_ylabel() for axis in panels] == ["images/s (loader only)", "random reads/s (storage probe)"]
     assert [[bar.get_height() for bar in axis.patches] for axis in panels] == [[400.0, 700.0], [38000.0]]
+
+
+@pytest.mark.skipif(PACKED is None, reason="no packed format is installed here")
+def test_bench_ends_with_the_fastest_row_beside_the_baseline_and_the_command_that_trains_with_it(tiny_root, tmp_path):
+    rows = bench(compose_bench(tiny_root, tmp_path, f"bench.decoders=[{FASTEST}]", f"bench.formats=[folder,{PACKED}]",
+                               "bench.num_workers=[1]", "bench.probe_storage=false",
+                               f"bench.short_side={TENSOR_SHORT_SIDE}"), tmp_path)
+    loaders = [row for row in rows if not row.get("reference")]
+    best = max(loaders, key=lambda row: row["images_per_s"])
+    baseline = next(row for row in rows if row["decoder"] == "baseline")
+    side = TENSOR_SHORT_SIDE if options.facts("format", PACKED).holds_pixels else None
+    chosen = [f"{group}={best[group]}" for group in ("decoder", "format") if best[group] != options.default(group)]
+    read = [f"format.path={pack_path(tmp_path / 'packs', tree_key(tiny_root), PACKED, side)}"] \
+        if best["format"] == PACKED else []
+    assert best_line(rows, ["data=imagenet", f"data.root={tiny_root}"]) == (
+        f"best here: decoder={best['decoder']} on {best['format']}, 1 worker: {best['images_per_s']:.0f} images/s, "
+        f"x{best['images_per_s'] / baseline['images_per_s']:.2f} the pytorch/examples baseline's "
+        f"{baseline['images_per_s']:.0f} (loader only, no model); train with it: python -m {PACKAGE}.train "
+        + " ".join(["data=imagenet", f"data.root={tiny_root}", *chosen, *read, "loader.num_workers=1"]))

@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from . import options
 from .core import failures
 from .tools.bench import bench
-from .tools.bench_report import table
+from .tools.bench_report import best_line, table
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,11 @@ log = logging.getLogger(__name__)
 @hydra.main(version_base="1.3", config_path=str(options.CONF), config_name="bench")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    data = [override for override in HydraConfig.get().overrides.task
+            if override.lstrip("+~").split("=")[0].split(".")[0] == "data"]  # the data set, as training is given it
     rows = failures.one_line(lambda: bench(cfg, run_dir))
-    log.info("%s\npage cache: %s\nwritten: %s, %s (%d cores)", table(rows), rows[0]["page_cache"],
-             run_dir / "bench.csv", run_dir / "bench.png", os.cpu_count())
+    log.info("%s\npage cache: %s\nwritten: %s, %s (%d cores)\n%s", table(rows), rows[0]["page_cache"],
+             run_dir / "bench.csv", run_dir / "bench.png", os.cpu_count(), best_line(rows, data))
 
 
 if __name__ == "__main__":

@@ -77,16 +77,18 @@ def timed_decoders(names: list[str], batch_size: int, device: torch.device) -> t
     timing (its facts say), and why each of the others is not timed."""
     runnable, unable = {}, {}
     for name in names:
-        facts, settings = options.facts("decoder", name), {}
+        facts, settings, overrides = options.facts("decoder", name), {}, []
         if facts.gpu and device.type != "cuda":
             if not facts.bench_without_gpu:
                 unable[name] = f"{facts.gpu}, and bench.device is {device.type}"
                 continue
-            settings = facts.without_gpu
+            settings, overrides = facts.without_gpu, facts.overrides_without_gpu("decoder")
         try:
             runnable[name] = make_decoder(name, batch_size, device, settings)
         except ConfigError as err:
             unable[name] = str(err)
+            continue
+        runnable[name].overrides = overrides  # what training needs, beside decoder=<name>, to decode as its row did
     return runnable, unable
 
 
@@ -151,6 +153,15 @@ def stores_for(format: str, source: Source, pack_dir: Path, key: str, short_side
     return build(format_node(format, source, pack_dir, key, short_side), source=source, stage=no_staging)
 
 
+def train_overrides(row: dict, decoder: Decoder, format_node: DictConfig) -> list[str]:
+    """The overrides of `python -m <package>.train` that load as `row` did: each choice that is not the default,
+    the decoder's settings, the pack read and the worker count."""
+    chosen = [f"{group}={row[group]}" for group in ("decoder", "format", "order", "staging")
+              if row[group] != options.default(group)]
+    return [*chosen, *decoder.overrides, *([f"format.path={format_node.path}"] if "path" in format_node else []),
+            f"loader.num_workers={row['num_workers']}"]
+
+
 def orders_for(format: str, names: list[str]) -> dict[str, Order]:
     """The orders of `names` that `format` can be read in: one reading runs of records needs a format that can."""
     runs = options.facts("format", format).reads_runs
@@ -183,10 +194,9 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                           source.crop_size)
     written = BenchCsv(run_dir / "bench.csv", cache, device)
     pack_dir, key = Path(settings.pack_dir).expanduser(), tree_key(source.root)
+    nodes = {format: format_node(format, source, pack_dir, key, settings.short_side) for format in settings.formats}
     with stagings(list(settings.stagings)) as stages:
-        staged = {(format, name): timed_staging(partial(build, format_node(format, source, pack_dir, key,
-                                                                           settings.short_side), source=source),
-                                                stage, copies)
+        staged = {(format, name): timed_staging(partial(build, nodes[format], source=source), stage, copies)
                   for format in settings.formats for name, (stage, copies) in stages.items()
                   if not (copies and options.facts("format", format).streams)}  # it streams: nothing to copy
         for workers in settings.num_workers:  # a count, or auto: each row at the count training's auto picks for it
@@ -232,8 +242,10 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                         references.measure()
                         loader = loader_with(count, persistent=True)
                         timed = time_epochs(loader, settings.timed_epochs, uploads, device, loader.set_epoch)
-                        written.add([{"decoder": name, "format": format, "order": order_name, "staging": staging,
-                                      "workers": workers, "num_workers": count, "images_per_s": timed.rate,
+                        row = {"decoder": name, "format": format, "order": order_name, "staging": staging,
+                               "workers": workers, "num_workers": count}
+                        written.add([{**row, "train_with": train_overrides(row, decoder, nodes[format]),
+                                      "images_per_s": timed.rate,
                                       "staging_s": staging_s, "first_batch_s": timed.epoch_start_s,
                                       "unreadable": int(splits.train.bad_flags().sum()),
                                       "note": "; ".join(filter(None, [decoder.settings,

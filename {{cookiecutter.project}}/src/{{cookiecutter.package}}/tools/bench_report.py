@@ -1,4 +1,5 @@
-"""What bench shows once its rows are measured: the table and bench.png."""
+"""What bench shows once its rows are measured: the table, the closing line naming the best loader here, and
+bench.png."""
 from pathlib import Path
 
 from .. import options
@@ -31,6 +32,21 @@ def table(rows: list[dict]) -> str:
              f"{'x region':>9}{'unreadable':>11}  note"]
     lines += [f"{row['decoder']:<15}{read_from(row):<14}{row['num_workers']:>8}{figures(row)}" for row in rows]
     return "\n".join(lines)
+
+
+def best_line(rows: list[dict], data_overrides: list[str]) -> str:
+    """The closing line: the fastest loader row measured, beside the baseline of its worker count, and the command
+    that trains with it. `data_overrides`: the data set's own, as bench was given them."""
+    measured = [row for row in rows if ran(row) and not row.get("reference")]
+    if not measured:
+        return "best here: none, no loader row ran on this machine (each row's note says why)"
+    best = max(measured, key=lambda row: row["images_per_s"])
+    baseline = next(row for row in rows if row["decoder"] == "baseline" and row["workers"] == best["workers"])
+    workers = f"{best['num_workers']} worker{'' if best['num_workers'] == 1 else 's'}"
+    command = " ".join([f"python -m {options.PACKAGE}.train", *data_overrides, *best["train_with"]])
+    return (f"best here: decoder={best['decoder']} on {read_from(best)}, {workers}: {best['images_per_s']:.0f} "
+            f"images/s, x{best['vs_baseline']:.2f} the pytorch/examples baseline's {baseline['images_per_s']:.0f} "
+            f"(loader only, no model); train with it: {command}")
 
 
 def chart(loader_rows: list[dict], storage_rows: list[dict], path: Path) -> None:
