@@ -23,7 +23,8 @@ from ..data.images import REPLACEMENTS, WrongDataSet, make_splits
 from ..data.loaders import training_loader
 from ..data.sources import Source
 from ..data.staging import no_staging
-from ..data.workers import check_worker_count, pick_num_workers, work_of
+from ..data.workers import pick_num_workers, work_of
+from .bench_checks import checked_source
 from .bench_csv import BenchCsv
 from .bench_report import chart
 from .ceilings import CEILING_FILES, Ceilings, cores_for
@@ -125,9 +126,6 @@ def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: i
                                  transforms.ToTensor(),
                                  transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
     dataset = SkippingImageFolder(root / "train", recipe)
-    if len(dataset) < batch_size:  # no full batch to time, in this loader or any other
-        raise ConfigError(f"bench.batch_size={batch_size} is more than the {len(dataset)} training images under {root}: "
-                          f"pass a smaller bench.batch_size")
     timed = time_epochs(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                                    num_workers=num_workers, persistent_workers=num_workers > 0), epochs,
                         lambda batches: ((images.to(device, non_blocking=True), labels) for images, labels in batches),
@@ -171,15 +169,7 @@ def orders_for(format: str, names: list[str]) -> dict[str, Order]:
 
 def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     check(cfg)
-    source = build(cfg.data)
-    if source.root is None:
-        built_in = " or ".join(f"data={name}" for name in options.having("data", "built_in"))
-        raise ConfigError(f"pass data.root=/path/to/tree (train/ and val/), or use {built_in}")
-    settings = cfg.bench
-    if not OmegaConf.is_list(settings.num_workers):
-        raise ConfigError(f"bench.num_workers={settings.num_workers}: pass a list, such as [auto] or [2,4]")
-    for workers in settings.num_workers:
-        check_worker_count(workers, "bench.num_workers")
+    source, settings = checked_source(cfg), cfg.bench
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if settings.device == "auto" \
         else torch.device(settings.device)
     names = [name for name in options.options("decoder") if not options.facts("decoder", name).takes_pixels] \
