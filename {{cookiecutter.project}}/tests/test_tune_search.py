@@ -119,6 +119,17 @@ def test_search_keeps_more_workers_stops_slower_candidates_early_and_says_what_i
     assert any(change == {"precision": "bf16"} for change, _ in result["left_out"])
 
 
+def test_each_change_is_offered_once_and_none_that_sets_a_key_to_the_value_it_has(compose_tiny_tune):
+    """Compute-bound on native bf16: the verdict and tune's own neighbours both name precision=bf16, and the data
+    side, left out, holds loader.persistent_workers=true, which is on already."""
+    cfg = compose_tiny_tune("tune.repeats=2")
+    assert cfg.loader.persistent_workers is True
+    result = search(cfg, ScriptedTrials(AVX512_BF16, lambda settings: (50.0, 0.02), budget=2), lambda summary: None)
+    offered = [" ".join(f"{key}={value}" for key, value in change.items()) for change, _ in result["left_out"]]
+    assert offered.count("precision=bf16") == 1 and len(offered) == len(set(offered)), offered
+    assert "loader.persistent_workers=true" not in offered and "loader.prefetch_factor=4" not in offered, offered
+
+
 def test_search_says_what_the_budget_did_not_reach(compose_tiny_tune):
     cfg = compose_tiny_tune("tune.repeats=2")
     trials = ScriptedTrials(AVX2, lambda settings: (50.0, 0.5), budget=3)

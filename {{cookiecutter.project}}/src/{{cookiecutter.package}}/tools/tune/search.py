@@ -6,7 +6,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ...core.config import ClearError
 from ..trials import Judge, Trial, Trials, as_overrides
-from .plan import moves
+from .plan import Group, PackOffer, moves
 from .statistics import MAX_SAMPLES, Config, margin, noise, slower_than, upper_bound
 
 log = logging.getLogger(__name__)
@@ -21,6 +21,22 @@ def changes_something(change: dict[str, str], best: Config, cfg: DictConfig) -> 
         return choices[key] if key in choices else str(OmegaConf.select(cfg, key)).lower()
 
     return any(now(key) != value for key, value in change.items())
+
+
+def fresh_moves(best: Config, cfg: DictConfig, offer: PackOffer | None) -> tuple[list[Group], list[tuple[dict, str]]]:
+    """`moves` from the best so far, each change once (the verdict and tune's own neighbours may both name it), and
+    none that sets a key to the value it has already."""
+    groups, left_out = moves(best.last.summary, cfg, offer)
+    named: list[dict[str, str]] = []
+
+    def new(change: dict[str, str]) -> bool:
+        if change in named or not changes_something(change, best, cfg):
+            return False
+        named.append(change)
+        return True
+
+    return ([kept for group in groups if (kept := [change for change in group if new(change)])],
+            [(change, why) for change, why in left_out if new(change)])
 
 
 def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
@@ -43,7 +59,7 @@ def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
     if offer is not None and not offer.ready and not settings.allow_pack:
         log_trial(trials.record(Trial(str(len(trials.done)), offer.change, note="proposed, not built (or pass "
                                                                             f"tune.allow_pack=true): {offer.command}")))
-    plan, left_out = moves(best.last.summary, cfg, offer)
+    plan, left_out = fresh_moves(best, cfg, offer)
     while trials.time_left():
         sigma = noise(configs.values())
         judge = slower_than(best, start, sigma, settings)
@@ -58,12 +74,12 @@ def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
                 continue
             best = rival
             path.append(best)
-            plan, left_out = moves(best.last.summary, cfg, offer)  # what lost before may win on top of it
+            plan, left_out = fresh_moves(best, cfg, offer)  # what lost before may win on top of it
         elif plan:
             for change in plan.pop(0):
                 overrides = {**best.settings, **change}
                 key = tuple(sorted(overrides.items()))
-                if key in configs or not changes_something(change, best, cfg) or not trials.time_left():
+                if key in configs or not trials.time_left():
                     continue
                 configs[key] = config = Config(overrides)
                 unbuilt = offer is not None and change == offer.change and not offer.ready
@@ -82,8 +98,7 @@ def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
         for trial in config.measured:
             trial.kept = True
     unreached = [(change, "not reached: the budget ran out first") for group in plan for change in group
-                 if tuple(sorted({**best.settings, **change}.items())) not in configs
-                 and changes_something(change, best, cfg)]
+                 if tuple(sorted({**best.settings, **change}.items())) not in configs]
     repeated = sum(len(config.measured) > 1 for config in configs.values())
     sigma = noise(configs.values())
     unconfirmed = [(config.settings, config.rate / best.rate) for config in configs.values()
