@@ -152,6 +152,24 @@ def test_a_change_far_ahead_in_its_one_trial_is_named_when_the_budget_ends_befor
     assert f"{overrides} ran x6.00 that in its one trial" in before_after and "raise tune.budget_min" in before_after
 
 
+def test_when_nothing_beats_the_start_it_says_so_with_the_closest_gain_and_writes_no_command(compose_tiny_tune,
+                                                                                            tmp_path):
+    """One change runs 3% faster every time: no noise, so the margin is tune.min_gain, 5%. Nothing to train with."""
+    cfg = compose_tiny_tune("tune.repeats=2", "tune.min_gain=0.05")
+    faster = {"loader.num_workers": "2"}
+    result = search(cfg, ScriptedTrials(AVX2, lambda settings: (51.5 if settings == faster else 50.0, 0.5), budget=8),
+                    lambda summary: None)
+    closest, _ = result["closest"]
+    assert result["best"] is result["start"] and closest.settings == faster and len(closest.measured) == 1
+    before_after, command, _ = write_outputs(result, tmp_path, ["decoder=pil"])
+    assert before_after == (
+        "nothing beat the start: the fastest change, loader.num_workers=2, ran x1.03 the start (its one trial), where "
+        "a change had to run x1.05: 2 standard errors of the 0.0% noise between trials of one configuration, and "
+        "tune.min_gain at least; keep this configuration: 50.0 images/s, data-bound")
+    assert command is None and not (tmp_path / "experiment").exists() and not (tmp_path / "command.txt").exists()
+    assert before_after in (tmp_path / "tune.md").read_text() and "Train with it" not in (tmp_path / "tune.md").read_text()
+
+
 def written_progress(tmp_path, setup_s: float, *rates: float) -> Progress:
     lines = [{"step": 0, "time/setup_s": setup_s}, *({"step": 5 * (index + 1), "throughput/images_per_s": rate,
                                                       "time/data_frac": 0.1, "time/host_frac": 0.0, "time/data_ms": 1,

@@ -5,8 +5,8 @@
 
 It takes the overrides you train with. Each trial is the training command with them, a candidate change and
 `tune.steps` steps; only switches of speed are tried, never what is learned. The run folder gets tune.md,
-tune.csv, tune.png, experiment/tuned.yaml and command.txt, the command that trains with the result. How it
-plans, decides and stops: tools/tune/.
+tune.csv, tune.png and, where a change beat the start, experiment/tuned.yaml and command.txt, the command that
+trains with the result. How it plans, decides and stops: tools/tune/.
 """
 from pathlib import Path
 

@@ -13,8 +13,8 @@ gain (plan.py); a trial clearly slower than the best is stopped early. Each new 
 verdict.
 Only switches of speed are tried: never the model, batch size per process, learning rate, crop or augmentation.
 A packed format is tried when its pack exists; otherwise it is built only with tune.allow_pack=true, and
-proposed with the command that builds it. The run folder gets experiment/tuned.yaml, tune.md, tune.csv,
-tune.png and command.txt, the command that trains with the result.
+proposed with the command that builds it. The run folder gets tune.md, tune.csv, tune.png and, where a change
+beat the start, experiment/tuned.yaml and command.txt, the command that trains with the result.
 """
 import logging
 from pathlib import Path
@@ -42,10 +42,13 @@ def tune(cfg: DictConfig, run_dir: Path, given: list[str], ranks: Ranks) -> None
     finally:
         trials.finish()
     before_after, command, table = write_outputs(result, run_dir, given)
-    log.info("\n%s\n\n%s\n%s\ntrain with it: %s\nwritten: %s (tune.md, tune.csv, tune.png, experiment/tuned.yaml)\n"
+    trained_with = f"train with it: {command}\n" if command else ""
+    files = "tune.md, tune.csv, tune.png" + (", experiment/tuned.yaml, command.txt" if command else "")
+    log.info("\n%s\n\n%s\n%s%swritten: %s (%s)\n"
              "Only speed switches were tried: the model, batch size, learning rate, crop and augmentation are "
              "unchanged.", table, before_after, "".join(f"not tried: {' '.join(as_overrides(change))}: {why}\n"
-                                                        for change, why in result["left_out"]), command, run_dir)
+                                                        for change, why in result["left_out"]), trained_with, run_dir,
+             files)
 
 
 def run(cfg: DictConfig, run_dir: Path, given: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""What tune writes: tune.csv, tune.md, tune.png, experiment/tuned.yaml and command.txt."""
+"""What tune writes: tune.csv, tune.md, tune.png and, where a change beat the start, experiment/tuned.yaml and
+command.txt."""
 import csv
 import textwrap
 from pathlib import Path
@@ -9,7 +10,7 @@ from omegaconf import OmegaConf
 from ... import options
 from ..tables import markdown_table
 from ..trials import Trial, as_overrides
-from .statistics import CONFIDENCE
+from .statistics import CONFIDENCE, Config
 
 COLUMNS = ("trial", "overrides", "images_per_s", "data_frac", "host_frac", "bound", "vs_start", "kept", "note")
 
@@ -24,11 +25,26 @@ def tuned_overlay(kept: dict[str, str], base: str | None, start_rate: float, bes
     body = {**({"defaults": defaults} if defaults else {}), **values}
     header = (f"# @package _global_\n# Found by python -m {options.PACKAGE}.tune on {device}: {start_rate:.1f} -> "
               f"{best_rate:.1f} images/s. Only speed switches; what is learned is unchanged.\n")
-    return header + (yaml.safe_dump(body, sort_keys=False) if body else "{}\n")
+    return header + yaml.safe_dump(body, sort_keys=False)
 
 
-def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, str, str]:
-    """tune.csv, tune.md, tune.png and experiment/tuned.yaml; the before/after line, the command and the table."""
+def nothing_beat(result: dict) -> str:
+    """The line for a search whose best is the start: how close the fastest change came, and what it had to beat."""
+    start, noise = result["start"], f"{100 * result['noise']:.1f}%"
+    if result["closest"] is None:
+        return (f"nothing beat the start: no change was measured (trials of one configuration differ by {noise}, "
+                f"one standard deviation)")
+    closest, needed = result["closest"]
+    trials = "its one trial" if len(closest.measured) == 1 else f"the mean of {len(closest.measured)} trials"
+    return (f"nothing beat the start: the fastest change, {' '.join(as_overrides(closest.settings))}, ran "
+            f"x{closest.rate / start.rate:.2f} the start ({trials}), where a change had "
+            f"to run x{1 + needed:.2f}: {CONFIDENCE:.0f} standard errors of the {noise} noise between trials of one "
+            "configuration, and tune.min_gain at least")
+
+
+def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, str | None, str]:
+    """tune.csv, tune.md, tune.png and, where a change beat the start, experiment/tuned.yaml and command.txt; the
+    before/after line, the command (None where nothing beat the start) and the table."""
     start, best = result["start"], result["best"]
     rows = [{"trial": trial.name, "overrides": " ".join(as_overrides(trial.change)) or "(start)",
              "images_per_s": round(trial.figures.get("images_per_s", 0.0), 1),
@@ -41,9 +57,6 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
         writer.writeheader()
         writer.writerows(rows)
     device = start.last.summary["env"]["device"]
-    base = next((override.split("=", 1)[1] for override in given if override.startswith("+experiment=")), None)
-    (run_dir / "experiment").mkdir(exist_ok=True)
-    (run_dir / "experiment/tuned.yaml").write_text(tuned_overlay(best.settings, base, start.rate, best.rate, device))
     chart(result["trials"], run_dir / "tune.png")
     before, after = start.last.summary, best.last.summary
     before_after = (f"before: {start.rate:.1f} images/s, {before['bound']}-bound (data wait "
@@ -51,16 +64,11 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
                     f"trials), {after['bound']}-bound "
                     f"(data wait {100 * after['data_frac']:.0f}%): x{best.rate / start.rate:.2f}")
     if best is start:
-        before_after = (f"no change beat the noise (trials of one configuration differ by {100 * result['noise']:.1f}%, "
-                        f"one standard deviation): {start.rate:.1f} images/s, {before['bound']}-bound; keep this "
-                        "configuration")
+        before_after = f"{nothing_beat(result)}; keep this configuration: {start.rate:.1f} images/s, {before['bound']}-bound"
     for settings, gain in result.get("unconfirmed", []):
         before_after += (f"; {' '.join(as_overrides(settings))} ran x{gain:.2f} that in its one trial, and the budget "
                          "ended before a second could confirm it: raise tune.budget_min")
-    keep = [override for override in given
-            if override.split("=")[0].lstrip("+~") not in best.settings and not override.startswith("+experiment=")]
-    command = " ".join([f"python -m {options.PACKAGE}.train", f"--config-dir {run_dir}", "+experiment=tuned", *keep])
-    (run_dir / "command.txt").write_text(command + "\n")
+    command = None if best is start else write_command(best, start.rate, run_dir, given, device)
     table = markdown_table(
         ["trial", "overrides added", "images/s", "data wait", "host", "bound", "× start", "kept", "note"],
         [[row["trial"], row["overrides"], row["images_per_s"], f"{100 * row['data_frac']:.0f}%",
@@ -78,10 +86,23 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
         f"so far only when the mean of two or more of its trials is faster by {CONFIDENCE:.0f} standard errors of "
         "the difference, and by tune.min_gain at least.",
         "", *table, "", before_after, "",
-        *(["Not tried:", *left_out, ""] if left_out else []), *proposal, f"Train with it: `{command}`", "",
+        *(["Not tried:", *left_out, ""] if left_out else []), *proposal,
+        *([f"Train with it: `{command}`", ""] if command else []),
         "Only speed switches were tried: the model, batch size per process, learning rate, crop size and "
         "augmentation are unchanged.", ""]))
     return before_after, command, "\n".join(table)
+
+
+def write_command(best: Config, start_rate: float, run_dir: Path, given: list[str], device: str) -> str:
+    """experiment/tuned.yaml, on top of the recipe tuned from, and command.txt, the command that trains with it."""
+    base = next((override.split("=", 1)[1] for override in given if override.startswith("+experiment=")), None)
+    (run_dir / "experiment").mkdir(exist_ok=True)
+    (run_dir / "experiment/tuned.yaml").write_text(tuned_overlay(best.settings, base, start_rate, best.rate, device))
+    keep = [override for override in given
+            if override.split("=")[0].lstrip("+~") not in best.settings and not override.startswith("+experiment=")]
+    command = " ".join([f"python -m {options.PACKAGE}.train", f"--config-dir {run_dir}", "+experiment=tuned", *keep])
+    (run_dir / "command.txt").write_text(command + "\n")
+    return command
 
 
 def chart_label(trial: Trial) -> str:

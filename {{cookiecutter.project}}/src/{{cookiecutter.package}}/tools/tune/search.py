@@ -104,8 +104,11 @@ def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
     unconfirmed = [(config.settings, config.rate / best.rate) for config in configs.values()
                    if len(config.measured) == 1 and config is not best and all(trial.summary for trial in config.trials)
                    and config.rate > best.rate * (1 + margin(best, config, sigma, settings.min_gain))]
+    closest = max((config for config in configs.values() if config is not best and config.measured),
+                  key=lambda config: config.rate, default=None)
     return {"trials": trials.done, "noise": sigma, "repeated": repeated, "start": start, "best": best,
-            "offer": offer, "left_out": left_out + unreached, "unconfirmed": unconfirmed}
+            "offer": offer, "left_out": left_out + unreached, "unconfirmed": unconfirmed,
+            "closest": closest and (closest, margin(best, closest, sigma, settings.min_gain))}
 
 
 def log_trial(trial: Trial) -> Trial:
