@@ -219,3 +219,22 @@ def test_a_decode_bound_run_builds_the_pack_when_allowed_and_keeps_it_when_it_wi
     result = search(cfg, ScriptedTrials(AVX2, speed), lambda summary: offer)
     assert offer.ready and result["best"].settings["format"] == "tensor"
     assert result["best"].rate == pytest.approx(150.0)
+
+
+def test_tune_says_what_it_will_measure_before_its_first_trial(compose_tiny_tune, tmp_path, monkeypatch, caplog):
+    """The start's trials take a minute or more: the first line comes at once."""
+    import logging
+
+    from {{ cookiecutter.package }}.tools import tune
+    from {{ cookiecutter.package }}.tools.trials import Ranks
+
+    def first_trial(*args):
+        raise RuntimeError("the first trial")
+
+    monkeypatch.setattr(tune.search, "search", first_trial)
+    cfg = compose_tiny_tune("tune.repeats=2", "tune.steps=20", "tune.log_every=5", "tune.budget_min=3")
+    with caplog.at_level(logging.INFO), pytest.raises(RuntimeError, match="the first trial"):
+        tune.tune(cfg, tmp_path, ["decoder=pil", "loader.num_workers=0"], Ranks(timeout_s=60))
+    assert caplog.messages == [
+        "tune: the start (decoder=pil loader.num_workers=0) 2 times, to measure the noise, then the speed switches its "
+        "verdict names; 20 steps a trial, within 3.0 minutes (tune.budget_min); a line per trial as it ends"]

@@ -36,6 +36,10 @@ def tune(cfg: DictConfig, run_dir: Path, given: list[str], ranks: Ranks) -> None
     if settings.steps < 2 * settings.log_every:
         raise ConfigError(f"tune.steps={settings.steps} leaves no measured window after the first "
                           f"(tune.log_every={settings.log_every}): make it at least {2 * settings.log_every}")
+    # The start's trials take a minute or more before their first line: say at once what is coming.
+    log.info("tune: the start (%s) %d times, to measure the noise, then the speed switches its verdict names; "
+             "%d steps a trial, within %.1f minutes (tune.budget_min); a line per trial as it ends",
+             " ".join(given) or "the defaults", settings.repeats, settings.steps, settings.budget_min)
     trials = Trials(given, run_dir, settings.steps, settings.log_every, 60 * settings.budget_min, ranks)
     try:
         result = search.search(cfg, trials, lambda summary: pack_offer(cfg, summary, ranks))
