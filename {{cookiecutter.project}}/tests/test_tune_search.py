@@ -1,6 +1,7 @@
 """tune's plan and search driven by scripted trial results: what it tries first, what it never tries on a
 machine, how soon it stops a slower trial, and what it says it left out. No training runs here."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -238,3 +239,21 @@ def test_tune_says_what_it_will_measure_before_its_first_trial(compose_tiny_tune
     assert caplog.messages == [
         "tune: the start (decoder=pil loader.num_workers=0) 2 times, to measure the noise, then the speed switches its "
         "verdict names; 20 steps a trial, within 3.0 minutes (tune.budget_min); a line per trial as it ends"]
+
+
+def test_a_trial_keeps_its_summary_and_no_checkpoint(tmp_path, monkeypatch):
+    """A trial trains like any run, and writes last.pt and best.pt: tune reads only its summary."""
+    from {{ cookiecutter.package }}.tools import trials
+    from {{ cookiecutter.package }}.tools.trials import Ranks, Trials
+
+    def trained(job, ranks, judge=None):
+        folder = Path(job["folder"])
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"images_per_s": 50.0}))
+        for checkpoint in ("last.pt", "best.pt"):
+            (folder / checkpoint).write_bytes(b"weights")
+        return 0, ""
+
+    monkeypatch.setattr(trials, "run_rank", trained)
+    trial = Trials([], tmp_path, steps=9, log_every=3, budget_s=60, ranks=Ranks(timeout_s=60)).run({})
+    assert trial.rate == 50.0 and sorted(path.name for path in (tmp_path / "trials/00").iterdir()) == ["summary.json"]

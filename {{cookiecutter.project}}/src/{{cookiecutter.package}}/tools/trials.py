@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from .. import options
 from ..core.failures import reported
+from ..loop.checkpoint import BEST, LAST
 from ..options import PACKAGE
 
 PEER_TIMEOUT_MIN = 1.0  # a trial's process gives up on a peer that failed after this long, not training's 30 min
@@ -220,6 +221,8 @@ class Trials:
             trial.note = next((line for line in failed if "collective" not in line), failed[0])
         else:
             trial.summary = json.loads((folder / "summary.json").read_text())
+        for checkpoint in (LAST, BEST):  # a trial's weights are never used again, and a ResNet-50's are 100 MB each
+            (folder / checkpoint).unlink(missing_ok=True)
         self.longest = max(self.longest, trial.seconds)
         return self.record(trial)
 
