@@ -311,9 +311,9 @@ def test_the_chart_draws_the_storage_probes_reads_in_a_panel_of_their_own(tmp_pa
 
 @pytest.mark.skipif(PACKED is None, reason="no packed format is installed here")
 def test_bench_ends_with_the_fastest_row_beside_the_baseline_and_the_command_that_trains_with_it(tiny_root, tmp_path):
-    rows = bench(compose_bench(tiny_root, tmp_path, f"bench.decoders=[{FASTEST}]", f"bench.formats=[folder,{PACKED}]",
-                               "bench.num_workers=[1]", "bench.probe_storage=false",
-                               f"bench.short_side={TENSOR_SHORT_SIDE}"), tmp_path)
+    with compose_bench(tiny_root, tmp_path, f"bench.decoders=[{FASTEST}]", f"bench.formats=[folder,{PACKED}]",
+                       "bench.num_workers=[1]", "bench.probe_storage=false", f"bench.short_side={TENSOR_SHORT_SIDE}") as cfg:
+        rows = bench(cfg, tmp_path)
     loaders = [row for row in rows if not row.get("reference")]
     best = max(loaders, key=lambda row: row["images_per_s"])
     baseline = next(row for row in rows if row["decoder"] == "baseline")
@@ -321,11 +321,11 @@ def test_bench_ends_with_the_fastest_row_beside_the_baseline_and_the_command_tha
     chosen = [f"{group}={best[group]}" for group in ("decoder", "format") if best[group] != options.default(group)]
     read = [f"format.path={pack_path(tmp_path / 'packs', tree_key(tiny_root), PACKED, side)}"] \
         if best["format"] == PACKED else []
-    assert best_line(rows, ["data=imagenet", f"data.root={tiny_root}"]) == (
+    assert best_line(rows, ["data=folder", f"data.root={tiny_root}"]) == (
         f"best here: decoder={best['decoder']} on {best['format']}, 1 worker: {best['images_per_s']:.0f} images/s, "
         f"x{best['images_per_s'] / baseline['images_per_s']:.2f} the pytorch/examples baseline's "
         f"{baseline['images_per_s']:.0f} (loader only, no model); train with it: python -m {PACKAGE}.train "
-        + " ".join(["data=imagenet", f"data.root={tiny_root}", *chosen, *read, "loader.num_workers=1"]))
+        + " ".join(["data=folder", f"data.root={tiny_root}", *chosen, *read, "loader.num_workers=1"]))
 
 
 @pytest.mark.parametrize(("override", "line"), [
@@ -337,8 +337,8 @@ def test_bench_ends_with_the_fastest_row_beside_the_baseline_and_the_command_tha
 ])
 def test_what_bench_can_check_is_refused_in_one_line_before_it_packs(override, line, tiny_root, tmp_path):
     """A small data set used to be refused after four packs had been written (17 s for a folder of 350 photos)."""
-    cfg = compose_bench(tiny_root, tmp_path, f"bench.formats=[folder,{PACKED or 'folder'}]", override)
-    with pytest.raises(ConfigError) as refused:
+    with compose_bench(tiny_root, tmp_path, f"bench.formats=[folder,{PACKED or 'folder'}]", override) as cfg, \
+            pytest.raises(ConfigError) as refused:
         bench(cfg, tmp_path)
     assert str(refused.value) == line.format(root=tiny_root, decoder=options.default("decoder"))
     assert not (tmp_path / "packs").exists() and not (tmp_path / "bench.csv").exists()
