@@ -1,6 +1,7 @@
 """The loader benchmark: one row per configuration plus the ceiling and baseline references, a CSV and a chart."""
 import csv
 import errno
+import importlib.util
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import torch
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core import failures
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.config import ConfigError, not_installed
 from {{ cookiecutter.package }}.data.format import META
 from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.data.sources import Source
@@ -23,6 +24,7 @@ from {{ cookiecutter.package }}.tools.bench import bench, stores_for, timed_deco
 from {{ cookiecutter.package }}.tools.bench_report import best_line, chart, table
 from {{ cookiecutter.package }}.tools.pack import pack_path, tree_key
 from {{ cookiecutter.package }}.tools.storage_probe import training_decoder
+from {{ cookiecutter.package }}.tools.tune.outputs import chart as tune_chart
 
 from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line, hydra_run
 
@@ -295,8 +297,7 @@ def test_a_row_that_did_not_run_says_why_in_place_of_its_figures(tiny_root, tmp_
 
 def test_the_chart_draws_the_storage_probes_reads_in_a_panel_of_their_own(tmp_path, monkeypatch):
     """Reads per second run ten times the decode rates: on one axis they would flatten the loaders' bars."""
-    from matplotlib.figure import Figure
-
+    Figure = pytest.importorskip("matplotlib.figure", reason=not_installed("matplotlib", "bench")).Figure
     drawn = []
     monkeypatch.setattr(Figure, "savefig", lambda figure, path, **kwargs: drawn.append(figure))
     row = {"format": "folder", "num_workers": 2}
@@ -307,6 +308,20 @@ def test_the_chart_draws_the_storage_probes_reads_in_a_panel_of_their_own(tmp_pa
     panels = drawn[0].axes
     assert [axis.get_ylabel() for axis in panels] == ["images/s (loader only)", "random reads/s (storage probe)"]
     assert [[bar.get_height() for bar in axis.patches] for axis in panels] == [[400.0, 700.0], [38000.0]]
+
+
+def test_without_matplotlib_the_charts_are_left_out_in_one_line_each(tmp_path, monkeypatch, caplog):
+    """matplotlib is the [bench] extra: without it, bench and tune still write their tables, and say what they left
+    out and how to have it."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *package: None if name == "matplotlib" else find_spec(name, *package))
+    chart([{"format": "folder", "num_workers": 2, "decoder": "pil", "images_per_s": 700.0}], [], tmp_path / "bench.png")
+    tune_chart([], tmp_path / "tune.png")
+    assert list(tmp_path.iterdir()) == []
+    install = not_installed("matplotlib", "bench")
+    assert [record.getMessage() for record in caplog.records if record.levelname == "WARNING"] == [
+        f"bench.png is not drawn: {install}", f"tune.png is not drawn: {install}"]
 
 
 @pytest.mark.skipif(PACKED is None, reason="no packed format is installed here")

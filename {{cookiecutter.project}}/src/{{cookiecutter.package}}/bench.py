@@ -28,7 +28,6 @@ from omegaconf import DictConfig
 
 from . import options
 from .core import failures
-from .core.config import check
 from .tools.bench import bench
 from .tools.bench_report import best_line, table
 
@@ -41,13 +40,10 @@ def main(cfg: DictConfig) -> None:
     data = [override for override in HydraConfig.get().overrides.task
             if override.lstrip("+~").split("=")[0].split(".")[0] == "data"]  # the data set, as training is given it
 
-    def checked_bench() -> list[dict]:
-        check(cfg)  # types and ranges, as every command checks them, before bench packs anything
-        return bench(cfg, run_dir)
-
-    rows = failures.one_line(checked_bench)
-    log.info("%s\npage cache: %s\nwritten: %s, %s (%d cores)\n%s", table(rows), rows[0]["page_cache"],
-             run_dir / "bench.csv", run_dir / "bench.png", os.cpu_count(), best_line(rows, data))
+    rows = failures.one_line(lambda: bench(cfg, run_dir))
+    written = [str(path) for path in (run_dir / "bench.csv", run_dir / "bench.png") if path.exists()]
+    log.info("%s\npage cache: %s\nwritten: %s (%d cores)\n%s", table(rows), rows[0]["page_cache"],
+             ", ".join(written), os.cpu_count(), best_line(rows, data))
 
 
 if __name__ == "__main__":

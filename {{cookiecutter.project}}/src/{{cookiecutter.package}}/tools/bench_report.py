@@ -3,7 +3,7 @@ bench.png."""
 from pathlib import Path
 
 from .. import options
-from ..core.config import optional_import
+from ..core.charts import pyplot_for
 
 
 def read_from(row: dict) -> str:
@@ -52,7 +52,8 @@ def best_line(rows: list[dict], data_overrides: list[str]) -> str:
 def chart(loader_rows: list[dict], storage_rows: list[dict], path: Path) -> None:
     """The loaders (blue) and references (grey) in images/s; the storage probe's reads per second, often ten times
     more, in a panel of their own, so that they do not flatten the loaders' bars."""
-    pyplot = optional_import("matplotlib.pyplot", "bench")
+    if (pyplot := pyplot_for(path)) is None:
+        return
     measured = [row for row in loader_rows if ran(row)]
     panels = [(measured, "images/s (loader only)", ["grey" if row.get("reference") else "tab:blue" for row in measured]),
               (storage_rows, "random reads/s (storage probe)", ["tab:orange"] * len(storage_rows))]

@@ -47,7 +47,8 @@ def tune(cfg: DictConfig, run_dir: Path, given: list[str], ranks: Ranks) -> None
         trials.finish()
     before_after, command, table = write_outputs(result, run_dir, given)
     trained_with = f"train with it: {command}\n" if command else ""
-    files = "tune.md, tune.csv, tune.png" + (", experiment/tuned.yaml, command.txt" if command else "")
+    files = ", ".join(name for name in ("tune.md", "tune.csv", "tune.png", "experiment/tuned.yaml", "command.txt")
+                      if (run_dir / name).exists())
     log.info("\n%s\n\n%s\n%s%swritten: %s (%s)\n"
              "Only speed switches were tried: the model, batch size, learning rate, crop and augmentation are "
              "unchanged.", table, before_after, "".join(f"not tried: {' '.join(as_overrides(change))}: {why}\n"

@@ -8,6 +8,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from ... import options
+from ...core.charts import pyplot_for
 from ..tables import markdown_table
 from ..trials import Trial, as_overrides
 from .statistics import CONFIDENCE, Config
@@ -113,11 +114,8 @@ def chart_label(trial: Trial) -> str:
 
 
 def chart(trials: list[Trial], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    if (plt := pyplot_for(path)) is None:
+        return
     measured = [trial for trial in trials if trial.figures]
     labels = [chart_label(trial) for trial in measured]
     figure, axes = plt.subplots(figsize=(10, 0.6 * len(measured) + 1.5))
