@@ -10,6 +10,9 @@ DEMO_PROJECT := $(DEMO_DIR)/fasttrain-project
 # configuration ending with its report.
 DEMO_START := +experiment=cpu_quick loader.num_workers=0 decoder=pil
 DEMO_RUNS := outputs/demo
+BASE_DIR := build/base
+BASE_PROJECT := $(BASE_DIR)/fasttrain-project
+BASE_VENV := build/base-venv
 
 # make gpu-check: GPU_PYTHON (default python3) is the GPU machine's Python with its CUDA torch.
 # make wheelhouse: WHEEL_PYTHON (such as 3.12) and WHEELHOUSE_SKIP ("torch torchvision ...") describe the target.
@@ -17,7 +20,7 @@ WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?=
 WHEELHOUSE_SKIP ?=
 
-.PHONY: demo test test-full gpu-check wheelhouse clean
+.PHONY: demo test test-full test-base gpu-check wheelhouse clean
 
 $(VENV)/installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,9 +42,20 @@ demo: $(VENV)/installed
 test: $(VENV)/installed
 	$(PY) -m pytest -m "not full" tests
 
-# Everything: the fast tier, then the wheel, the wheelhouse, a real training run and the baked project's full tier.
+# Everything: the fast tier, then the wheel, the wheelhouse, a real training run and the baked project's full tier;
+# then the baked project's fast tier on its base install.
 test-full: $(VENV)/installed
 	$(PY) -m pytest tests
+	$(MAKE) --no-print-directory test-base
+
+# The baked project's fast tier in a fresh virtual environment holding its base install and pytest, no extra: a
+# test that forgets to skip where an optional package is missing fails here, as it would for a user.
+test-base: $(VENV)/installed
+	rm -rf $(BASE_DIR) $(BASE_VENV)
+	$(PY) -m cookiecutter --no-input . --output-dir $(BASE_DIR)
+	$(PYTHON) -m venv $(BASE_VENV)
+	$(BASE_VENV)/bin/python -m pip install --quiet -e $(BASE_PROJECT) pytest
+	cd $(BASE_PROJECT) && $(abspath $(BASE_VENV))/bin/python -m pytest -m "not full and not gpu" -p no:cacheprovider tests
 
 gpu-check:
 	@WHEELHOUSE=$(WHEELHOUSE) bash tools/gpu_check.sh
