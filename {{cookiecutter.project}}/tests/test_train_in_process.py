@@ -100,13 +100,16 @@ def test_a_step_that_does_not_come_leaves_every_threads_stack_and_the_run_goes_o
                                     for name in options.options(group) if options.facts(group, name).module])
 def test_an_option_whose_package_is_missing_stops_the_run_before_anything_is_written(choice, train_in_process,
                                                                                      monkeypatch):
-    """Not deep inside the run, after the data is listed, and not without the option's name: the line names both."""
+    """Not deep inside the run, after the data is listed, and not without the option's name: the line names both, and
+    for a CPU decoder the fastest one installed instead."""
     group, _, name = choice.partition("=")
     facts, importable = options.facts(group, name), options.importable
     monkeypatch.setattr(options, "importable", lambda module: module != facts.module and importable(module))
+    instead = (f"; or pick decoder={options.fastest_cpu_decoder()}, the fastest CPU decoder installed here"
+               if facts.decode_rank else "")
     with pytest.raises(ConfigError) as refused:
         train_in_process(choice)
-    assert str(refused.value) == f"{choice}: {not_installed(facts.module, facts.extra)}"
+    assert str(refused.value) == f"{choice}: {not_installed(facts.module, facts.extra)}{instead}"
     assert list(train_in_process.run_dir.iterdir()) == []
 
 

@@ -138,13 +138,23 @@ def picked_by_default(group: str) -> bool:
     return not named and run.runtime.choices.get(group) == default(group)
 
 
+def unavailable(group: str, node: DictConfig) -> str | None:
+    """The line refusing the option `node` where its package is missing here, naming it and the install command, or
+    None. A CPU decoder's line also names the fastest CPU decoder installed, which decodes the same images."""
+    if not (missing := facts_of(node).missing()):
+        return None
+    instead = (f"; or pick decoder={fastest_cpu_decoder()}, the fastest CPU decoder installed here"
+               if facts_of(node).decode_rank else "")
+    return f"{group}={name_of(group, node)}: {missing}{instead}"
+
+
 def refuse_missing_packages(cfg: DictConfig) -> None:
-    """Stop a run before any work where an option it picked needs a package that is not installed, naming the option
-    and the install command. A default no one named is left to give way instead (data/loaders.py: usable_decoder)."""
+    """Stop a run before any work where an option it picked needs a package that is not installed (`unavailable`). A
+    default no one named is left to give way instead (data/loaders.py: usable_decoder)."""
     for group in options_groups():
         node = cfg.get(group)
-        if isinstance(node, DictConfig) and not picked_by_default(group) and (missing := facts_of(node).missing()):
-            raise ConfigError(f"{group}={name_of(group, node)}: {missing}")
+        if isinstance(node, DictConfig) and not picked_by_default(group) and (refusal := unavailable(group, node)):
+            raise ConfigError(refusal)
 
 
 def options_groups() -> list[str]:

@@ -222,9 +222,9 @@ def usable_decoder(decoder: DictConfig) -> None:
     then holds the fastest CPU decoder installed here."""
     decoding, picked = options.facts_of(decoder), f"decoder={options.name_of('decoder', decoder)}"
     if decoding.decode_rank and (missing := decoding.missing()):
-        fastest = options.fastest_cpu_decoder()
         if not options.picked_by_default("decoder"):
-            raise ConfigError(f"{picked}: {missing}; or pick decoder={fastest}, the fastest CPU decoder installed here")
+            raise ConfigError(options.unavailable("decoder", decoder))
+        fastest = options.fastest_cpu_decoder()
         log.warning("%s, the default, cannot run here (%s): decoding with decoder=%s, the fastest CPU decoder "
                     "installed here", picked, missing, fastest)
         with open_dict(decoder):
