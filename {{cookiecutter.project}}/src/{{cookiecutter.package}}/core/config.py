@@ -21,6 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from .keys import leaves, unknown_added, wanted
 
@@ -104,9 +105,9 @@ def wrong_version(distribution: str, extra: str) -> str | None:
     """The line refusing an installed `distribution` (or the package a dotted module belongs to) outside the versions
     its extra asks for, or None: an older one lacks the API the option calls (torchcodec before 0.16 has no
     decode_jpeg, and its import may fail before saying so)."""
-    name = distribution.split(".")[0].replace("_", "-").lower()
+    name = canonicalize_name(distribution.split(".")[0])
     for requirement in extra_requirements(extra):
-        if requirement.name.replace("_", "-").lower() == name and requirement.specifier:
+        if canonicalize_name(requirement.name) == name and requirement.specifier:
             try:
                 version = metadata.version(requirement.name)
             except metadata.PackageNotFoundError:
