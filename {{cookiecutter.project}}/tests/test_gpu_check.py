@@ -30,6 +30,17 @@ def test_refuses_a_machine_without_cuda_in_one_line(tmp_path):
     assert not (tmp_path / "report.md").exists()
 
 
+def test_a_key_it_does_not_know_is_refused_in_one_line_before_anything_runs(tmp_path):
+    import os
+
+    result = subprocess.run([sys.executable, "-m", f"{PACKAGE}.gpu_check", "+gpu_check.run_timout_s=5",
+                             f"hydra.run.dir={tmp_path}"], cwd=PROJECT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **CPU_ONLY})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: +gpu_check.run_timout_s: no such key; did you mean gpu_check.run_timeout_s?"]
+
+
 def test_a_failed_run_is_summed_up_by_the_line_that_says_why():
     from {{ cookiecutter.package }}.core.failures import reported
 

@@ -16,12 +16,17 @@ from omegaconf import DictConfig
 
 from . import options
 from .core import failures
+from .core.config import check
 from .tools.gpu_check import gpu_check
 
 
 @hydra.main(version_base="1.3", config_path=str(options.CONF), config_name="gpu_check")
 def main(cfg: DictConfig) -> None:
-    report = failures.one_line(lambda: gpu_check(cfg, Path(HydraConfig.get().runtime.output_dir)))
+    def checked_run() -> Path:
+        check(cfg)  # a key or value gpu_check does not know stops here, as it stops train
+        return gpu_check(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+    report = failures.one_line(checked_run)
     print(report.read_text())
     print(f"written: {report}, {report.with_name('gpu_check.csv')}")
 
