@@ -378,3 +378,9 @@ def test_a_packed_format_without_its_path_is_refused_saying_what_to_give(cache_d
             pytest.raises(ConfigError) as refused:
         check(cfg)
     assert str(refused.value) == "format.path has no value: pass format.path=..., the folder pack wrote (its pack.out)"
+
+
+def test_every_missing_value_is_named_in_the_one_line(tmp_path):
+    with hydra_run("predict", [], tmp_path) as cfg, pytest.raises(ConfigError) as refused:
+        check(cfg)
+    assert [part.split(" has no value")[0] for part in str(refused.value).split("; ")] == ["checkpoint", "images"]

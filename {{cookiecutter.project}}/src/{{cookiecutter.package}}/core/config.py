@@ -216,9 +216,10 @@ def check(cfg: DictConfig) -> None:
     if unknown := unknown_added(hydra_cfg, plain, choices):
         raise ConfigError(unknown)
     missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        wants = wanted(hydra_cfg, missing[0])
-        raise ConfigError(f"{missing[0]} has no value: pass {missing[0]}=...{f', {wants}' if wants else ''}")
+    if missing:  # every one in the same line, so that a user fixes them all at once
+        wants = {key: wanted(hydra_cfg, key) for key in missing}
+        raise ConfigError("; ".join(f"{key} has no value: pass {key}=...{f', {wants[key]}' if wants[key] else ''}"
+                                    for key in missing))
     for key, default in leaves({k: v for k, v in plain.items() if k != "hydra"}):
         if isinstance(default, str) and default.startswith("${"):  # an interpolation's kind is that of its value
             default = OmegaConf.select(defaults, key, throw_on_resolution_failure=False)
