@@ -171,6 +171,16 @@ def test_when_nothing_beats_the_start_it_says_so_with_the_closest_gain_and_write
     assert before_after in (tmp_path / "tune.md").read_text() and "Train with it" not in (tmp_path / "tune.md").read_text()
 
 
+def test_a_change_just_short_of_the_margin_is_told_apart_from_it_with_more_decimals(compose_tiny_tune, tmp_path):
+    cfg = compose_tiny_tune("tune.repeats=2", "tune.min_gain=0.05")
+    faster = {"loader.num_workers": "2"}
+    result = search(cfg, ScriptedTrials(AVX2, lambda settings: (52.49 if settings == faster else 50.0, 0.5), budget=8),
+                    lambda summary: None)
+    before_after, command, _ = write_outputs(result, tmp_path, [])
+    assert "ran x1.0498 the start (its one trial), where a change had to run x1.0500" in before_after
+    assert command is None
+
+
 def written_progress(tmp_path, setup_s: float, *rates: float) -> Progress:
     lines = [{"step": 0, "time/setup_s": setup_s}, *({"step": 5 * (index + 1), "throughput/images_per_s": rate,
                                                       "time/data_frac": 0.1, "time/host_frac": 0.0, "time/data_ms": 1,

@@ -37,9 +37,12 @@ def nothing_beat(result: dict) -> str:
                 f"one standard deviation)")
     closest, needed = result["closest"]
     trials = "its one trial" if len(closest.measured) == 1 else f"the mean of {len(closest.measured)} trials"
+    ran, had = closest.rate / start.rate, 1 + needed
+    # as many decimals as tell the two apart, so that the line never reads "ran x1.41 where it had to run x1.41"
+    digits = next((digits for digits in range(2, 6) if f"{ran:.{digits}f}" != f"{had:.{digits}f}"), 6)
     return (f"nothing beat the start: the fastest change, {' '.join(as_overrides(closest.settings))}, ran "
-            f"x{closest.rate / start.rate:.2f} the start ({trials}), where a change had "
-            f"to run x{1 + needed:.2f}: {CONFIDENCE:.0f} standard errors of the {noise} noise between trials of one "
+            f"x{ran:.{digits}f} the start ({trials}), where a change had "
+            f"to run x{had:.{digits}f}: {CONFIDENCE:.0f} standard errors of the {noise} noise between trials of one "
             "configuration, and tune.min_gain at least")
 
 
