@@ -68,14 +68,18 @@ def test_a_root_at_a_file_is_refused_saying_a_folder_is_wanted(tmp_path):
 
 
 def test_missing_or_empty_root_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError) as refused:
         sources.folder(str(tmp_path / "nowhere"), 32, 36, "skip")
+    assert str(refused.value) == f"data.root={tmp_path / 'nowhere'} does not exist; pass the folder that holds " \
+                                 "train/<class>/ and val/<class>/"
     (tmp_path / "train").mkdir()
     with pytest.raises(ConfigError, match="has no class folders"):
         folder_splits(tmp_path)
     (tmp_path / "train/cat").mkdir()
-    with pytest.raises(ConfigError, match="holds no .JPEG"):
+    with pytest.raises(ConfigError) as refused:
         folder_splits(tmp_path)
+    assert str(refused.value) == f"{tmp_path / 'train'} holds no .JPEG, .jpg or .png files; put each class's images " \
+                                 f"in {tmp_path / 'train'}/<class>/"
     (tmp_path / "train/cat/1.JPEG").write_bytes(b"")
     with pytest.raises(ConfigError, match="val is not a folder"):
         folder_splits(tmp_path)
@@ -349,3 +353,12 @@ def test_full_detail_side_is_the_least_at_which_every_crop_keeps_its_pixels(size
     random.seed(0)
     smallest = min(min(box[2] - box[0], box[3] - box[1]) for box, _ in (crop(side, side) for _ in range(20000)))
     assert size - 1 <= smallest < size + 0.05 * size  # rounding aside, the smallest crops are just the size
+
+
+def test_a_folder_without_pack_json_is_refused_with_the_command_that_writes_one(tmp_path):
+    from {{ cookiecutter.package }}.data.format import read_meta
+
+    with pytest.raises(ConfigError) as refused:
+        read_meta(tmp_path, "hdf5")
+    assert str(refused.value) == (f"{tmp_path} has no pack.json: it is not a packed data set, or its pack did not "
+                                  "finish; write it with python -m {{ cookiecutter.package }}.pack pack.out=<folder>")

@@ -47,7 +47,7 @@ def folder(root: str | None, crop_size: int, val_resize: int, on_error: str, max
     if path is not None and path.is_file():
         raise ConfigError(f"data.root={root} is a file; pass the folder that holds train/<class>/ and val/<class>/")
     if path is not None and not path.is_dir():
-        raise ConfigError(f"data.root={root} does not exist")
+        raise ConfigError(f"data.root={root} does not exist; pass the folder that holds train/<class>/ and val/<class>/")
     return Source(path, crop_size, val_resize, on_error, max_bad_fraction, channels("data.mean", mean, IMAGENET_MEAN),
                   channels("data.std", std, IMAGENET_STD))
 

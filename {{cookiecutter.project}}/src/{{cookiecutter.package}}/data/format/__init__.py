@@ -42,7 +42,8 @@ def read_meta(folder: Path, format: str) -> dict:
     try:
         meta = json.loads(meta_path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{folder} has no {META}: it is not a packed data set, or its pack did not finish") from None
+        raise ConfigError(f"{folder} has no {META}: it is not a packed data set, or its pack did not finish; write it "
+                          "with python -m {{ cookiecutter.package }}.pack pack.out=<folder>") from None
     except (OSError, ValueError) as err:
         raise ConfigError(f"{meta_path} is unreadable: {err}") from None
     if meta.get("format") != format:

@@ -107,7 +107,8 @@ def list_split(split_dir: Path, classes: list[str] | None = None) -> tuple[FileI
         index = listed(split_dir, classes, present)
         keep(cache, index, stamps)
     if not len(index):
-        raise ConfigError(f"{split_dir} holds no .JPEG, .jpg or .png files")
+        raise ConfigError(f"{split_dir} holds no .JPEG, .jpg or .png files; put each class's images in "
+                          f"{split_dir}/<class>/")
     return index, classes
 
 

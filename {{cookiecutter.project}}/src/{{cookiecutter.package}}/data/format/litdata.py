@@ -85,7 +85,8 @@ def checked_meta(path: str, endpoint_url: str | None) -> dict:
         raise ConfigError(f"format.path={path} is empty or does not exist; write it with "
                           "python -m {{ cookiecutter.package }}.pack format=litdata")
     if META not in files:
-        raise ConfigError(f"{path} has no {META}: it is not a packed data set, or its pack did not finish")
+        raise ConfigError(f"{path} has no {META}: it is not a packed data set, or its pack did not finish; write it "
+                          "with python -m {{ cookiecutter.package }}.pack format=litdata pack.out=<folder or s3://>")
     meta = json.loads(read_text(path, META, endpoint_url))
     if meta.get("format") != "litdata":
         raise ConfigError(f"{path} holds format={meta.get('format')}, not format=litdata")
