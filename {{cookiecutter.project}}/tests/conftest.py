@@ -336,6 +336,7 @@ BAD_INPUT = {
     "data.mean of two channels": ["data.mean=[0.5,0.5]"],
     "+ a key no option reads": ["+train.bach_size=32"],
     "+data.root without data=folder": ["+data.root=/photos"],
+    "train.batch_size above the training set": ["train.batch_size=64"],
 }
   # 120 images: 30 steps per epoch for one process
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from . import options
 from .core import distributed, failures, faults
 from .core import record as run_record
-from .core.config import build, check, chosen_keys
+from .core.config import ConfigError, build, check, chosen_keys
 from .core.distributed import World
 from .core.files import write_atomic
 from .core.forensics import Forensics
@@ -60,6 +60,11 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
     loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.order, cfg.decoder, cfg.prefetcher, cfg.loader,
                            batch_size=cfg.train.batch_size, seed=cfg.seed, world=world, memory_format=memory_format,
                            faults=injected)
+    if not len(loaders.train):  # an epoch without a batch would never end
+        each = len(loaders.splits.train) // world.size
+        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is more than the {each} training images each of "
+                          f"the {world.size} process(es) gets, so an epoch has no full batch: pass "
+                          f"train.batch_size={max(1, each)} or less")
     hardware = probe(device)
     precision = make_precision(cfg.precision, device, hardware)
     model = make_model(network, pretrained, len(loaders.classes)).to(device, memory_format=memory_format)
