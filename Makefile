@@ -12,9 +12,10 @@ DEMO_DIR := build/demo
 DEMO_PROJECT := $(DEMO_DIR)/fasttrain-project
 
 # The loop on ResNet-18 and 64-pixel crops of the synthetic set: a deliberately starved run and its verdict,
-# tune fixing it (allowed to decode the data set once into a pack), then a short training of the tuned
-# configuration ending with its report. The start reads from a simulated slow disk (each image 10 ms late, in the
-# loader), so that it waits for data on any CPU, however fast it decodes.
+# tune fixing it (allowed to decode the data set once into a pack), then six epochs of the tuned configuration
+# ending with its report (cpu_quick's three epochs left top-1 between 70% and 94% over three seeds, six between
+# 98% and 100%). The start reads from a simulated slow disk (each image 10 ms late, in the loader), so that it
+# waits for data on any CPU, however fast it decodes.
 DEMO_START := +experiment=cpu_quick loader.num_workers=0 decoder=pil faults.read_delay_ms=10
 DEMO_RUNS := outputs/demo
 BASE_DIR := build/base
@@ -46,7 +47,7 @@ demo: $(VENV)/installed
 	cd $(DEMO_PROJECT) && if [ -f $(DEMO_RUNS)/tune/command.txt ]; then command="$$(cat $(DEMO_RUNS)/tune/command.txt)"; \
 		else echo "demo: nothing beat the start, so the last run trains the start"; \
 		command="python -m fasttrain_project.train $(DEMO_START)"; fi; \
-		PATH=$(abspath $(VENV)/bin):$$PATH eval "$$command hydra.run.dir=$(DEMO_RUNS)/tuned"
+		PATH=$(abspath $(VENV)/bin):$$PATH eval "$$command train.epochs=6 hydra.run.dir=$(DEMO_RUNS)/tuned"
 
 # The fast tier: bakes, the hooks, and the baked project's unit tests, one in-process run and two command lines.
 test: $(VENV)/installed
