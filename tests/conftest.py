@@ -1,3 +1,6 @@
+import site
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,3 +11,13 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def template() -> Path:
     return TEMPLATE
+
+
+def venv_seeing_ours(folder: Path) -> Path:
+    """A venv without pip's own copy of anything: it reads this one's packages through a .pth file."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin/python"
+    child_site = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+    Path(child_site, "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return python

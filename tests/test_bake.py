@@ -2,13 +2,13 @@
 import json
 import math
 import os
-import site
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from cookiecutter.main import cookiecutter
+from conftest import venv_seeing_ours
 
 JINJA_MARKS = ("{{", "{%", "cookiecutter.")
 
@@ -73,16 +73,6 @@ def test_hook_refuses_bad_names(template, tmp_path, answer, message):
     assert result.returncode != 0
     assert f"fasttrain: {message}" in result.stderr
     assert not output.exists() or list(output.iterdir()) == [], "nothing is left behind"
-
-
-def venv_seeing_ours(folder: Path) -> Path:
-    """A venv without pip's own copy of anything: it reads this one's packages through a .pth file."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
-    python = folder / "bin/python"
-    child_site = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-    Path(child_site, "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    return python
 
 
 @pytest.mark.full
