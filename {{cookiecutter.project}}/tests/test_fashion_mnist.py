@@ -2,16 +2,20 @@
 through torchvision's download (here from a filled cache, since tests have no network); bad input in one line,
 and nothing left under the name asked for when it fails."""
 import gzip
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
-from conftest import PROJECT, error_line
+from conftest import CPU_ONLY, PACKAGE, PROJECT, QUIET, error_line
 
 SCRIPT = PROJECT / "scripts/fashion_mnist.py"
+DEBIAN = Path("/usr/share/datasets/fashion-mnist")
 NAMES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
          "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 
@@ -98,3 +102,17 @@ def test_a_missing_file_or_an_existing_folder_is_refused_in_one_line(tmp_path):
         f"error: {tmp_path / 'tree'} exists already: pass another folder, or delete it to write it again")
     assert list((tmp_path / "tree").iterdir()) == []
 
+
+@pytest.mark.full
+@pytest.mark.skipif(not DEBIAN.is_dir(), reason=f"{DEBIAN} is missing: apt-get install dataset-fashion-mnist")
+def test_the_recipe_learns_the_real_data_set_above_chance(tmp_path):
+    """A slice of Debian's files, 100 training and 20 validation images a class, and two epochs of the recipe."""
+    result = script(tmp_path / "tree", "--train-per-class", 100, "--val-per-class", 20)
+    assert result.returncode == 0, result.stderr
+    run = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", "+experiment=fashion_mnist",
+                          f"data.root={tmp_path / 'tree'}", "train.epochs=2", "train.batch_size=32",
+                          "loader.num_workers=1", f"hydra.run.dir={tmp_path / 'run'}"],
+                         cwd=PROJECT, capture_output=True, text=True, timeout=900, env={**os.environ, **CPU_ONLY, **QUIET})
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["choices"]["data"] == "folder" and summary["val_top1"] > 20, summary["val_top1"]  # chance: 10%
