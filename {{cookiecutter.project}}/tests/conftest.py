@@ -337,6 +337,7 @@ BAD_INPUT = {
     "+ a key no option reads": ["+train.bach_size=32"],
     "+data.root without data=folder": ["+data.root=/photos"],
     "train.batch_size above the training set": ["train.batch_size=64"],
+    "optim.betas of one value": ["optim=adamw", "optim.betas=[0.9]"],
 }
   # 120 images: 30 steps per epoch for one process
 

@@ -1,12 +1,26 @@
-"""The optimizer: SGD with Nesterov momentum, the ImageNet standard."""
+"""The optimizers: SGD with Nesterov momentum, the ImageNet standard, and AdamW, the usual one for vision
+transformers and for fine-tuning. Both decay conv and linear weights only."""
 import torch
 
+from ..core.config import ConfigError
 
-def sgd(model: torch.nn.Module, lr: float, momentum: float, nesterov: bool, weight_decay: float) -> torch.optim.SGD:
+
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on conv and linear weights only: decaying norm scales and biases hurts accuracy."""
     decay, no_decay = [], []
     for param in model.parameters():
         if param.requires_grad:
             (no_decay if param.ndim <= 1 else decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def sgd(model: torch.nn.Module, lr: float, momentum: float, nesterov: bool, weight_decay: float) -> torch.optim.SGD:
+    return torch.optim.SGD(decay_groups(model, weight_decay), lr=lr, momentum=momentum, nesterov=nesterov)
+
+
+def adamw(model: torch.nn.Module, lr: float, betas: list[float], eps: float, weight_decay: float) -> torch.optim.AdamW:
+    """torch's AdamW, its decay decoupled from the gradient as Loshchilov and Hutter define it."""
+    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        raise ConfigError(f"optim.betas={list(betas)} must be two numbers from 0 up to, not including, 1, such as "
+                          "[0.9,0.999]")
+    return torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
