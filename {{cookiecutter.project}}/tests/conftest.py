@@ -338,6 +338,7 @@ BAD_INPUT = {
     "+data.root without data=folder": ["+data.root=/photos"],
     "train.batch_size above the training set": ["train.batch_size=64"],
     "optim.betas of one value": ["optim=adamw", "optim.betas=[0.9]"],
+    "train.clip_grad_norm=-1": ["train.clip_grad_norm=-1"],
 }
   # 120 images: 30 steps per epoch for one process
 

@@ -88,6 +88,25 @@ def test_steps_the_loss_scaler_skips_are_counted_not_failed():
     assert restored.scaler.get_scale() == 2.0 ** 15
 
 
+def gradients(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([param.grad.flatten() for param in model.parameters()])
+
+
+def test_clipping_scales_the_gradients_down_to_the_limit_and_leaves_smaller_ones():
+    model, precision = tiny_model(), Precision("fp32", CPU)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision.backward(model(torch.randn(4, 3, 8, 8)).sum() * 1000)
+    raw = gradients(model).clone()
+    assert raw.norm() > 1.0
+    precision.clip(optimizer, 0.0)
+    assert torch.equal(gradients(model), raw), "0: no clipping"
+    precision.clip(optimizer, 1.0)
+    clipped = gradients(model)
+    assert clipped.norm() <= 1.0 + 1e-5 and torch.allclose(clipped, raw / raw.norm(), atol=1e-6)  # same direction
+    precision.clip(optimizer, 10.0)
+    assert torch.equal(gradients(model), clipped), "already within the limit: left as they are"
+
+
 def test_cudnn_modes_set_the_switches_they_name(monkeypatch):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     try:

@@ -14,6 +14,7 @@ from {{ cookiecutter.package }}.core.failures import explain
 from {{ cookiecutter.package }}.core.hardware import Hardware, probe
 from {{ cookiecutter.package }}.diagnosis.verdict import EPOCH_START_SHARE
 from {{ cookiecutter.package }}.loop.clock import Window
+from {{ cookiecutter.package }}.loop.precision import Precision
 
 from conftest import BAD_INPUT
 
@@ -122,3 +123,12 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(overrides, 
     key, _, value = overrides[-1].partition("=")
     assert key in line or value in line, line
     assert list(train_in_process.run_dir.iterdir()) == []
+
+
+def test_train_clip_grad_norm_reaches_every_step(train_in_process, monkeypatch):
+    limits = []
+    clip = Precision.clip
+    monkeypatch.setattr(Precision, "clip", lambda self, optimizer, max_norm: (limits.append(max_norm),
+                                                                               clip(self, optimizer, max_norm)))
+    summary = train_in_process("train.clip_grad_norm=0.5")
+    assert len(limits) == summary["steps"] > 0 and set(limits) == {0.5}

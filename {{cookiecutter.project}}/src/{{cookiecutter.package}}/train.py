@@ -92,7 +92,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
               logger=build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
               profiler=build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
               checkpoints=Checkpoints(run_dir, writes), stop=StopRequest(), forensics=forensics, world=world,
-              hardware=hardware,
+              hardware=hardware, clip_grad_norm=cfg.train.clip_grad_norm,
               log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
               identity=identity, coverage=Coverage(len(loaders.splits.train)), freeze=freeze,

@@ -40,6 +40,14 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 
+    def clip(self, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
+        """Scale the gradients down to a total norm of `max_norm` at most (0: leave them), measured on the real
+        gradients: under fp16 they are unscaled first, and the scaler's step then knows not to unscale again."""
+        if max_norm > 0:
+            self.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_([param for group in optimizer.param_groups for param in group["params"]],
+                                           max_norm)
+
     def apply(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, step: int) -> None:
         """Optimizer step and loss-scale update, after `backward`; notes a non-finite loss the scaler did not skip."""
         self.scaler.step(optimizer)

@@ -48,6 +48,7 @@ class Run:
     coverage: Coverage  # each epoch's check that it trained every image once
     freeze: FrozenBackbone  # which layers train in each epoch: all, or the head alone at a fine-tune's start
     inference: Inference  # what a checkpoint holds for evaluate, predict and export: classes, preprocessing, model
+    clip_grad_norm: float = 0.0  # the largest total gradient norm a step applies; 0: no clipping
     epoch: int = 0
     step: int = 0
     images_in_epoch: int = 0  # images of the current epoch all processes together trained on
@@ -70,6 +71,7 @@ class Run:
         """Backward, then optimizer and scheduler step and the counts: a checkpoint is consistent before
         `updating` is set and after it is cleared, never in between."""
         self.precision.backward(loss)
+        self.precision.clip(self.optimizer, self.clip_grad_norm)
         self.updating = True
         self.precision.apply(loss, self.optimizer, self.step)
         self.scheduler.step()
