@@ -130,9 +130,10 @@ def test_baked_project_passes_its_own_tests(installed, tier):
 
 REQUIRED_TAGS = {"time/data_ms", "time/host_ms", "time/compute_ms", "time/data_frac", "time/host_frac",
                  "throughput/images_per_s", "train/loss",
-                 "train/lr", "val/top1", "val/top5", "sys/cpu_util", "sys/iowait", "sys/disk_read_mb_s"}
+                 "train/lr", "val/top1", "val/top5", "val/top1_by_second", "sys/cpu_util", "sys/iowait", "sys/disk_read_mb_s"}
 SUMMARY_KEYS = {"images_per_s", "data_ms", "host_ms", "compute_ms", "data_frac", "host_frac", "bound", "verdict",
-                "advice", "val_top1", "val_top5", "steps", "skipped_files", "processes", "timing_rank", "choices", "env"}
+                "advice", "val_top1", "val_top5", "steps", "skipped_files", "processes", "timing_rank", "choices", "env",
+                "time_to_top1_s", "best_top1"}
 
 
 @pytest.mark.full

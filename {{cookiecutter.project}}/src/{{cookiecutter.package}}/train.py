@@ -35,6 +35,7 @@ from .diagnosis.ranks import spread
 from .diagnosis.report import format_report, summarize
 from .diagnosis.sysmon import SystemMonitor
 from .loop import cudnn
+from .loop.accuracy import time_to_accuracy
 from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
 from .loop.clock import make_clock
 from .loop.evaluate import evaluate, shows_top5
@@ -50,9 +51,10 @@ from .loop.run import Run, keep_progress
 log = logging.getLogger(__name__)
 
 
-def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) -> Run:
+def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics, began: float | None = None) -> Run:
     """Build data, model and helpers; everything that can refuse the config does so before any file is written."""
     device, injected = world.device, faults.on_rank(cfg.faults, world.rank)
+    accuracy = time_to_accuracy(cfg.train.top1_levels, began)  # its levels checked before anything is built
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     network = build(cfg.model)
     pretrained = load_weights(network)  # before the data: its preprocessing is the weights' own, unless set
@@ -96,6 +98,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics)
               log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
               identity=identity, coverage=Coverage(len(loaders.splits.train)), freeze=freeze,
+              accuracy=accuracy,
               inference=Inference(classes=loaders.classes, preprocessing=preprocessing,
                                   model=OmegaConf.to_container(cfg.model, resolve=True)))
     if state:
@@ -165,6 +168,8 @@ def validate(run: Run) -> tuple[float, float | None]:
     classes = len(run.loaders.classes)
     top5 = top5 if shows_top5(classes) else None
     run.logger.scalars({"val/top1": top1, **({"val/top5": top5} if top5 is not None else {})}, run.step)
+    seconds = run.accuracy.add(top1, run.epoch)
+    run.logger.scalars({"val/top1_by_second": top1}, round(seconds))  # top-1 against wall time, its step a second
     trained = run.meter.epoch_top1(run.world)
     log.info("epoch %d step %d: val top-1 %.2f%% (chance %.2f%%)%s%s", run.epoch, run.step, top1, 100 / classes,
              f", top-5 {top5:.2f}%" if top5 is not None else "",
@@ -197,7 +202,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
     torch.manual_seed(cfg.seed)
     failures.worker_deaths_surface_in_next()
     began = time.perf_counter()
-    run = make_run(cfg, run_dir, world, forensics)
+    run = make_run(cfg, run_dir, world, forensics, began)
     run.setup = {"total_s": time.perf_counter() - began, **run.loaders.setup}  # data, workers=auto, model, compile
     run.logger.scalars({"time/setup_s": run.setup["total_s"]}, run.step)
     try:

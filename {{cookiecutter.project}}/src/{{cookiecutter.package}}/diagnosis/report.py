@@ -86,6 +86,14 @@ def accuracy_line(summary: dict) -> str:
     return f"validation   top-1 {summary['val_top1']:.1f}% (chance {100 / summary['classes']:.1f}%){top5}"
 
 
+def time_to_accuracy_line(summary: dict) -> str:
+    """When validation first reached each level, and the best top-1 with its time."""
+    reached = ", ".join(f"{level}% at {seconds:.0f} s" for level, seconds in summary["time_to_top1_s"].items())
+    best = summary["best_top1"]
+    return (f"to top-1     {reached or 'no level of train.top1_levels reached'}; best {best['top1']:.1f}% at "
+            f"{best['at_s']:.0f} s (epoch {best['epoch']}), from the run's start")
+
+
 def format_report(summary: dict) -> str:
     system = ", ".join(SystemMonitor.FIGURES[tag].format(value) for tag, value in summary["system"].items())
     processes = summary.get("processes", 1)
@@ -106,6 +114,7 @@ def format_report(summary: dict) -> str:
           if summary.get("epoch_start_ms") else []),
         *([setup_line(summary["setup"])] if summary.get("setup") else []),
         accuracy_line(summary),
+        *([time_to_accuracy_line(summary)] if summary.get("best_top1") else []),
         *([f"training     top-1 {summary['train_top1']:.1f}% on the last epoch's training batches (augmented)"]
           if summary.get("train_top1") is not None else []),
         f"skipped      {summary['skipped_files']} unreadable files",
@@ -145,7 +154,7 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float | None, hydra_
             "suggestions": [suggestion.record() for suggestion in diagnosis.suggestions],
             "withheld": [suggestion.record() for suggestion in diagnosis.withheld],
             "hardware": run.hardware.record(),
-            "val_top1": top1, "val_top5": top5, "train_top1": run.meter.epoch_top1(run.world),
+            "val_top1": top1, "val_top5": top5, "train_top1": run.meter.epoch_top1(run.world), **run.accuracy.record(),
             "classes": len(run.loaders.classes), "steps": run.step,
             "skipped_files": run.loaders.skipped_files(run.world),
             "skipped_steps": int(run.precision.skipped), "processes": run.world.size, "timing_rank": timing_rank,

@@ -13,6 +13,7 @@ from ..core.hardware import Hardware
 from ..data.coverage import NO_RECORD, Coverage, EpochRecord
 from ..data.loaders import Loaders
 from ..diagnosis.sysmon import SystemMonitor
+from .accuracy import TimeToAccuracy
 from .checkpoint import Checkpoints, Inference
 from .clock import Clock, Window
 from .freeze import FrozenBackbone
@@ -48,6 +49,7 @@ class Run:
     coverage: Coverage  # each epoch's check that it trained every image once
     freeze: FrozenBackbone  # which layers train in each epoch: all, or the head alone at a fine-tune's start
     inference: Inference  # what a checkpoint holds for evaluate, predict and export: classes, preprocessing, model
+    accuracy: TimeToAccuracy  # the seconds from the run's start to each top-1 level its validations reached
     clip_grad_norm: float = 0.0  # the largest total gradient norm a step applies; 0: no clipping
     epoch: int = 0
     step: int = 0
@@ -111,7 +113,8 @@ class Run:
                 "loader": self.loaders.train.state(self.epoch, self.images_in_epoch),
                 "unreadable": self.loaders.splits.unreadable_state(),
                 "coverage": self.coverage.state_dict(self.images_in_epoch, self.loaders.train.coverage()),
-                "windows": [(asdict(window), system) for window, system in self.windows]}
+                "windows": [(asdict(window), system) for window, system in self.windows],
+                "accuracy": self.accuracy.state_dict()}
 
     def restore(self, state: dict) -> None:
         distributed.unwrap(self.model).load_state_dict(state["model"])
@@ -125,6 +128,7 @@ class Run:
         self.coverage.load_state_dict(state.get("coverage", {}))
         self.windows = [(Window(**window), system) for window, system in state.get("windows", [])]
         self.resumed_windows = len(self.windows)
+        self.accuracy.load_state_dict(state.get("accuracy", {}))
 
 
 def keep_progress(run: Run, err: BaseException) -> None:
