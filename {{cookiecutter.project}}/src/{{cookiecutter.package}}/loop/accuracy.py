@@ -11,7 +11,7 @@ from ..core.config import ConfigError
 @dataclass
 class TimeToAccuracy:
     levels: list[float]  # top-1 in percent, ascending
-    began: float = field(default_factory=time.perf_counter)  # this process's start, on perf_counter's clock
+    began: float  # this process's start, on perf_counter's clock
     before_s: float = 0.0  # the seconds of the runs this one resumed
     reached: dict[str, float] = field(default_factory=dict)  # level ("75") -> seconds to its first validation
     best: dict = field(default_factory=dict)  # top1, at_s and epoch of the best validation so far
@@ -37,8 +37,8 @@ class TimeToAccuracy:
 
     def load_state_dict(self, state: dict) -> None:
         if state:
-            self.before_s, self.reached, self.best = state["elapsed_s"], dict(state["time_to_top1_s"]), \
-                dict(state["best_top1"])
+            self.before_s = state["elapsed_s"]
+            self.reached, self.best = dict(state["time_to_top1_s"]), dict(state["best_top1"])
 
 
 def time_to_accuracy(levels: Sequence, began: float | None = None) -> TimeToAccuracy:
