@@ -2,9 +2,18 @@
 now on top, and never writes over the record; the line a stopped run prints is the command that resumes it."""
 import sys
 
+import pytest
 import yaml
 
 from {{ cookiecutter.package }}.core import record
+
+
+@pytest.fixture(autouse=True)
+def no_resume_left_behind(monkeypatch):
+    """What restored() notes for this process goes with the test: a later in-process run would otherwise write its
+    resumes.yaml into this test's folder, which is gone by then."""
+    monkeypatch.setattr(record, "pending_resume", None)
+    monkeypatch.setattr(record, "restored_note", None)
 
 
 def test_a_resume_restores_the_runs_overrides_under_the_ones_given_with_it(tmp_path, monkeypatch):
