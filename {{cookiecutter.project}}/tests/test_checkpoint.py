@@ -123,6 +123,24 @@ def test_best_pt_holds_the_weights_of_the_best_validation_so_far(tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt", "last.pt"]
 
 
+def test_a_best_epoch_links_best_pt_to_last_pt_and_copies_where_links_fail(tmp_path, monkeypatch):
+    checkpoints = checkpoint.Checkpoints(tmp_path, writes=True)
+    checkpoints.save({"step": 1, "model": {"weight": torch.ones(2)}}, top1=50.0)
+    assert (tmp_path / "best.pt").samefile(tmp_path / "last.pt")  # one file on disk, written once
+    checkpoints.save({"step": 2, "model": {"weight": torch.zeros(2)}}, top1=40.0)
+    assert not (tmp_path / "best.pt").samefile(tmp_path / "last.pt")
+    assert checkpoint.load(tmp_path / "best.pt", torch.device("cpu"))["step"] == 1
+
+    def no_links(source, target):
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(checkpoint.os, "link", no_links)
+    checkpoints.save({"step": 3, "model": {"weight": torch.full((2,), 3.0)}}, top1=70.0)
+    assert not (tmp_path / "best.pt").samefile(tmp_path / "last.pt")
+    assert checkpoint.load(tmp_path / "best.pt", torch.device("cpu"))["step"] == 3
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt", "last.pt"]
+
+
 def test_a_checkpoint_to_use_holds_its_classes_and_preprocessing_or_is_refused_in_one_line(tmp_path):
     from {{ cookiecutter.package }}.contracts import Preprocessing
 

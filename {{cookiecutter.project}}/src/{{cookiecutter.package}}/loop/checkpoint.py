@@ -41,14 +41,28 @@ class Inference:
                                                crop_size=held["crop_size"], resize=held["resize"]))
 
 
-def save(state: dict, path: Path) -> None:
-    def write(temporary: Path) -> None:
-        # Through a Python file, so that a failed write keeps its OSError (ENOSPC, EIO): from a path, torch's C++
-        # writer reports only "unexpected pos".
-        with temporary.open("wb") as file:
-            torch.save(state, file)
+def write(state: dict, path: Path) -> None:
+    # Through a Python file, so that a failed write keeps its OSError (ENOSPC, EIO): from a path, torch's C++ writer
+    # reports only "unexpected pos".
+    with path.open("wb") as file:
+        torch.save(state, file)
 
-    write_atomic(path, write)
+
+def save(state: dict, path: Path) -> None:
+    write_atomic(path, lambda temporary: write(state, temporary))
+
+
+def save_as(state: dict, path: Path, written: Path) -> None:
+    """`state`, which `written` already holds, at `path` too: as a hard link to `written` where its file system has
+    them, so the bytes are neither written nor stored twice. The next save of `written` renames a new file over it,
+    which leaves the linked one as it was."""
+    def link(temporary: Path) -> None:
+        try:
+            os.link(written, temporary)
+        except OSError:  # a file system without hard links (some network and FUSE mounts): a second copy
+            write(state, temporary)
+
+    write_atomic(path, link)
 
 
 class Checkpoints:
@@ -68,7 +82,7 @@ class Checkpoints:
         if self.writes:
             save(state, self.path)
             if better:
-                save(state, self.best_path)
+                save_as(state, self.best_path, written=self.path)
         self.saved_step = state["step"]
 
 
