@@ -132,3 +132,26 @@ def test_train_clip_grad_norm_reaches_every_step(train_in_process, monkeypatch):
                                                                                clip(self, optimizer, max_norm)))
     summary = train_in_process("train.clip_grad_norm=0.5")
     assert len(limits) == summary["steps"] > 0 and set(limits) == {0.5}
+
+
+def test_train_ema_decay_validates_and_saves_the_average_that_evaluate_uses(train_in_process, monkeypatch):
+    from {{ cookiecutter.package }} import train as train_module
+    from {{ cookiecutter.package }}.loop.checkpoint import load_trained
+    from {{ cookiecutter.package }}.loop.model import trained_model
+
+    scored = []  # the weights each validation scored, beside the live ones
+    evaluate = train_module.evaluate
+
+    def recording(model, *args, **kwargs):
+        scored.append({name: tensor.clone() for name, tensor in model.module.state_dict().items()})
+        return evaluate(model, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "evaluate", recording)
+    summary = train_in_process("train.ema_decay=0.9", "train.epochs=2")
+    last, inference = load_trained(str(train_in_process.run_dir / "last.pt"), torch.device("cpu"))
+    assert len(scored) == 2 and last["ema"]["updates"] == summary["steps"]
+    for name, tensor in last["ema"]["weights"].items():
+        assert torch.equal(tensor, scored[-1][name]), name  # the last validation scored the saved average
+    assert not torch.equal(last["ema"]["weights"]["fc.weight"], last["model"]["fc.weight"])  # not the live weights
+    used = trained_model(last, inference).state_dict()  # what evaluate, predict and export load
+    assert all(torch.equal(used[name], tensor) for name, tensor in last["ema"]["weights"].items())

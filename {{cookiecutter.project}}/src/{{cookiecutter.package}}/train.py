@@ -36,6 +36,7 @@ from .diagnosis.report import format_report, summarize
 from .diagnosis.sysmon import SystemMonitor
 from .loop import cudnn
 from .loop.accuracy import time_to_accuracy
+from .loop.average import WeightAverage
 from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
 from .loop.clock import make_clock
 from .loop.evaluate import evaluate, shows_top5
@@ -75,6 +76,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     model = world.wrap(model, cfg.distributed.sync_bn, partly_frozen=cfg.train.freeze_epochs > 0)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
                      precision, memory_format)
+    average = WeightAverage(model, cfg.train.ema_decay)  # before the injected host delay, which it would copy
     faults.slow_host(model, injected.host_delay_ms)
     optimizer = build(cfg.optim, model=model)
     steps_per_epoch = len(loaders.train)
@@ -98,7 +100,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
               log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
               identity=identity, coverage=Coverage(len(loaders.splits.train)), freeze=freeze,
-              accuracy=accuracy,
+              accuracy=accuracy, average=average,
               inference=Inference(classes=loaders.classes, preprocessing=preprocessing,
                                   model=OmegaConf.to_container(cfg.model, resolve=True)))
     if state:
@@ -163,7 +165,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
 def validate(run: Run) -> tuple[float, float | None]:
     """Validation top-1 and top-5, logged with the chance level and the epoch's training top-1; top-5 is None with 5
     classes or fewer."""
-    top1, top5 = evaluate(run.model, run.forensics.watch(run.loaders.val), run.precision, run.world,
+    top1, top5 = evaluate(run.average.model, run.forensics.watch(run.loaders.val), run.precision, run.world,
                           run.limit_val_batches)
     classes = len(run.loaders.classes)
     top5 = top5 if shows_top5(classes) else None

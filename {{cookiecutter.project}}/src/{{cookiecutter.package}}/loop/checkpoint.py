@@ -129,6 +129,12 @@ def load_trained(checkpoint: str, device: torch.device) -> tuple[dict, Inference
     return state, Inference.from_state(state["inference"])
 
 
+def validated_weights(state: dict) -> dict:
+    """The weights a run's validation scored, and so the ones to use: the moving average where the run kept one
+    (train.ema_decay), else the model's."""
+    return state.get("ema", {}).get("weights") or state["model"]
+
+
 def check_fits(state: dict, model: torch.nn.Module, path: Path, identity: dict) -> None:
     """Refuse, before anything loads, a checkpoint whose weights do not fit the model this run builds."""
     mine, theirs = model.state_dict(), state["model"]

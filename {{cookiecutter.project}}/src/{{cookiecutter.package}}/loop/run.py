@@ -14,6 +14,7 @@ from ..data.coverage import NO_RECORD, Coverage, EpochRecord
 from ..data.loaders import Loaders
 from ..diagnosis.sysmon import SystemMonitor
 from .accuracy import TimeToAccuracy
+from .average import WeightAverage
 from .checkpoint import Checkpoints, Inference
 from .clock import Clock, Window
 from .freeze import FrozenBackbone
@@ -50,6 +51,7 @@ class Run:
     freeze: FrozenBackbone  # which layers train in each epoch: all, or the head alone at a fine-tune's start
     inference: Inference  # what a checkpoint holds for evaluate, predict and export: classes, preprocessing, model
     accuracy: TimeToAccuracy  # the seconds from the run's start to each top-1 level its validations reached
+    average: WeightAverage  # the weights validation scores: a moving average of the live ones, or those
     clip_grad_norm: float = 0.0  # the largest total gradient norm a step applies; 0: no clipping
     epoch: int = 0
     step: int = 0
@@ -77,6 +79,7 @@ class Run:
         self.updating = True
         self.precision.apply(loss, self.optimizer, self.step)
         self.scheduler.step()
+        self.average.update(self.model)
         self.step, self.images_in_epoch = self.step + 1, self.images_in_epoch + batch_images * self.world.size
         self.updating = False
 
@@ -114,7 +117,7 @@ class Run:
                 "unreadable": self.loaders.splits.unreadable_state(),
                 "coverage": self.coverage.state_dict(self.images_in_epoch, self.loaders.train.coverage()),
                 "windows": [(asdict(window), system) for window, system in self.windows],
-                "accuracy": self.accuracy.state_dict()}
+                "accuracy": self.accuracy.state_dict(), "ema": self.average.state_dict()}
 
     def restore(self, state: dict) -> None:
         distributed.unwrap(self.model).load_state_dict(state["model"])
@@ -129,6 +132,7 @@ class Run:
         self.windows = [(Window(**window), system) for window, system in state.get("windows", [])]
         self.resumed_windows = len(self.windows)
         self.accuracy.load_state_dict(state.get("accuracy", {}))
+        self.average.load_state_dict(state.get("ema", {}))
 
 
 def keep_progress(run: Run, err: BaseException) -> None:

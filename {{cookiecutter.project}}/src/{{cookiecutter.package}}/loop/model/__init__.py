@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from ...contracts import Network, Preprocessing
 from ...core.config import ConfigError, build, optional_import
-from ..checkpoint import Inference, load
+from ..checkpoint import Inference, load, validated_weights
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], Preprocessing | N
     held = load(path, CPU, "model.weights")
     inference = held.get("inference") if isinstance(held, dict) else None
     if isinstance(held, dict) and isinstance(held.get("model"), dict):  # a checkpoint of this project's
-        held = held["model"]
+        held = validated_weights(held)
     if not isinstance(held, dict) or not all(isinstance(tensor, torch.Tensor) for tensor in held.values()):
         raise ConfigError(f"model.weights={path} holds no state_dict (tensors by name), nor a checkpoint of this "
                           "project")
@@ -129,7 +129,7 @@ def trained_model(state: dict, inference: Inference) -> torch.nn.Module:
     """A checkpoint's model, its architecture built again from the model option's settings, in eval mode."""
     network = build(OmegaConf.create({**inference.model, "weights": None}))  # the checkpoint has the weights
     model = network.architecture(network.num_classes or len(inference.classes))
-    model.load_state_dict(state["model"])
+    model.load_state_dict(validated_weights(state))
     return model.eval()
 
 
