@@ -155,3 +155,13 @@ def test_train_ema_decay_validates_and_saves_the_average_that_evaluate_uses(trai
     assert not torch.equal(last["ema"]["weights"]["fc.weight"], last["model"]["fc.weight"])  # not the live weights
     used = trained_model(last, inference).state_dict()  # what evaluate, predict and export load
     assert all(torch.equal(used[name], tensor) for name, tensor in last["ema"]["weights"].items())
+
+
+def test_train_mixup_and_cutmix_reach_every_step_with_soft_targets(train_in_process, monkeypatch):
+    targets = []
+    criterion = torch.nn.CrossEntropyLoss.forward
+    monkeypatch.setattr(torch.nn.CrossEntropyLoss, "forward",
+                        lambda self, output, target: (targets.append(target), criterion(self, output, target))[1])
+    summary = train_in_process("train.mixup_alpha=0.2", "train.cutmix_alpha=1.0")
+    assert len(targets) == summary["steps"] > 0  # validation scores without the loss
+    assert all(target.shape == (4, 3) and torch.allclose(target.sum(dim=1), torch.ones(4)) for target in targets)

@@ -42,6 +42,7 @@ from .loop.clock import make_clock
 from .loop.evaluate import evaluate, shows_top5
 from .loop.logger import NullLogger
 from .loop.meter import TrainMeter
+from .loop.mix import BatchMix
 from .loop.freeze import FrozenBackbone
 from .loop.model import compiled, load_weights, make_model
 from .loop.precision import make_precision
@@ -71,8 +72,8 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     hardware = probe(device)
     precision = make_precision(cfg.precision, device, hardware)
     model = make_model(network, pretrained, len(loaders.classes)).to(device, memory_format=memory_format)
-    freeze = FrozenBackbone(model, cfg.train.freeze_epochs, network.num_classes or len(loaders.classes), network.name,
-                            pretrained is not None)
+    outputs = network.num_classes or len(loaders.classes)
+    freeze = FrozenBackbone(model, cfg.train.freeze_epochs, outputs, network.name, pretrained is not None)
     model = world.wrap(model, cfg.distributed.sync_bn, partly_frozen=cfg.train.freeze_epochs > 0)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
                      precision, memory_format)
@@ -91,6 +92,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     writes = world.is_main  # the other ranks get objects that write nothing
     run = Run(model=model, optimizer=optimizer, scheduler=scheduler,
               criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing), precision=precision,
+              mix=BatchMix(cfg.train.mixup_alpha, cfg.train.cutmix_alpha, outputs),
               loaders=loaders, clock=make_clock(device, cfg.train.host_split), meter=TrainMeter(device),
               sysmon=SystemMonitor(device, loaders.splits.train.times, injected.nvml_fails_after, loaders.upload_times),
               logger=build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
@@ -143,9 +145,10 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     bar = tqdm(run.forensics.watch(run.clock.timed(run.loaders.train)), total=batches_left, desc=f"epoch {epoch}",
                mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
     for images, labels in bar:
+        inputs, targets = run.mix(images, labels)
         with run.precision.autocast():
-            output = run.model(images)
-            loss = run.criterion(output, labels)
+            output = run.model(inputs)
+            loss = run.criterion(output, targets)
         run.optimizer.zero_grad(set_to_none=True)
         run.update(loss, len(labels))
         run.profiler.step()

@@ -19,6 +19,7 @@ from .checkpoint import Checkpoints, Inference
 from .clock import Clock, Window
 from .freeze import FrozenBackbone
 from .meter import TrainMeter
+from .mix import BatchMix
 from .precision import NonFiniteLoss, Precision
 from .preempt import StopRequest
 
@@ -32,6 +33,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     criterion: torch.nn.Module
+    mix: BatchMix  # mixup and CutMix of each training batch, or nothing
     precision: Precision
     loaders: Loaders
     clock: Clock

@@ -1,0 +1,40 @@
+"""train.mixup_alpha and train.cutmix_alpha: each batch blended with itself rolled by one image, its labels in the
+same proportions."""
+import pytest
+import torch
+
+from {{ cookiecutter.package }}.loop.mix import BatchMix
+
+
+def batch(classes: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return torch.rand(8, 3, 16, 16), torch.arange(8) % classes
+
+
+@pytest.mark.parametrize("mixup, cutmix", [(0.2, 0.0), (0.0, 1.0), (0.2, 1.0)], ids=["mixup", "cutmix", "both"])
+def test_mixed_labels_sum_to_one_and_blend_the_image_with_its_neighbour(mixup, cutmix):
+    images, labels = batch()
+    mix = BatchMix(mixup, cutmix, classes=5)
+    for _ in range(5):
+        mixed, targets = mix(images, labels)
+        assert targets.shape == (8, 5) and torch.allclose(targets.sum(dim=1), torch.ones(8))
+        own = targets[torch.arange(8), labels]  # each image's share of itself, the rest its neighbour's
+        neighbour = labels.roll(1)
+        assert torch.allclose(own + targets[torch.arange(8), neighbour], torch.ones(8))
+        # Every pixel is the image's own, the neighbour's, or (mixup) the blend of the two in the labels' shares.
+        blend = own[:, None, None, None] * images + (1 - own[:, None, None, None]) * images.roll(1, dims=0)
+        pasted = (mixed == images) | (mixed == images.roll(1, dims=0))
+        assert torch.allclose(mixed, blend, atol=1e-6) or (pasted.all() and torch.allclose(
+            (mixed == images).float().mean(dim=(1, 2, 3)), own, atol=1e-6))
+
+
+def test_without_alphas_the_batch_and_its_class_indices_pass_unchanged():
+    images, labels = batch()
+    mixed, targets = BatchMix(0.0, 0.0, classes=5)(images, labels)
+    assert mixed is images and targets is labels
+
+
+def test_a_model_with_more_outputs_than_classes_gets_targets_for_all_of_them():
+    images, labels = batch(classes=3)
+    _, targets = BatchMix(0.2, 0.0, classes=10)(images, labels)
+    assert targets.shape == (8, 10) and not targets[:, 3:].any()
