@@ -341,6 +341,7 @@ BAD_INPUT = {
     "train.clip_grad_norm=-1": ["train.clip_grad_norm=-1"],
     "train.ema_decay=1": ["train.ema_decay=1"],
     "train.mixup_alpha=-0.2": ["train.mixup_alpha=-0.2"],
+    "train.accumulate=0": ["train.accumulate=0"],
     "train.top1_levels above 100": ["train.top1_levels=[50,150]"],
 }
   # 120 images: 30 steps per epoch for one process

@@ -165,3 +165,10 @@ def test_train_mixup_and_cutmix_reach_every_step_with_soft_targets(train_in_proc
     summary = train_in_process("train.mixup_alpha=0.2", "train.cutmix_alpha=1.0")
     assert len(targets) == summary["steps"] > 0  # validation scores without the loss
     assert all(target.shape == (4, 3) and torch.allclose(target.sum(dim=1), torch.ones(4)) for target in targets)
+
+
+def test_train_accumulate_steps_once_per_group_and_trains_every_image(train_in_process, caplog):
+    caplog.set_level(logging.INFO)
+    summary = train_in_process("train.accumulate=4", "train.epochs=2")
+    assert summary["steps"] == 4  # 6 batches an epoch: a step of 4, then one of the last 2
+    assert len(re.findall(r"epoch \d trained each of its 24 images once", caplog.text)) == 2, caplog.text

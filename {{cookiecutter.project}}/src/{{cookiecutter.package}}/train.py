@@ -7,6 +7,7 @@ Each run ends with summary.json and a printed report: where the time went and wh
 """
 import json
 import logging
+import math
 import random
 import sys
 import time
@@ -35,6 +36,7 @@ from .diagnosis.ranks import spread
 from .diagnosis.report import format_report, summarize
 from .diagnosis.sysmon import SystemMonitor
 from .loop import cudnn
+from .loop.accumulate import GradientAccumulation
 from .loop.accuracy import time_to_accuracy
 from .loop.average import WeightAverage
 from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
@@ -80,7 +82,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     average = WeightAverage(model, cfg.train.ema_decay)  # before the injected host delay, which it would copy
     faults.slow_host(model, injected.host_delay_ms)
     optimizer = build(cfg.optim, model=model)
-    steps_per_epoch = len(loaders.train)
+    steps_per_epoch = math.ceil(len(loaders.train) / cfg.train.accumulate)  # optimizer steps
     total_steps = steps_per_epoch * cfg.train.epochs
     if cfg.train.max_steps > 0:
         total_steps = min(total_steps, cfg.train.max_steps)
@@ -93,6 +95,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     run = Run(model=model, optimizer=optimizer, scheduler=scheduler,
               criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing), precision=precision,
               mix=BatchMix(cfg.train.mixup_alpha, cfg.train.cutmix_alpha, outputs),
+              accumulation=GradientAccumulation(cfg.train.accumulate),
               loaders=loaders, clock=make_clock(device, cfg.train.host_split), meter=TrainMeter(device),
               sysmon=SystemMonitor(device, loaders.splits.train.times, injected.nvml_fails_after, loaders.upload_times),
               logger=build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
@@ -146,20 +149,22 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
                mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
     for images, labels in bar:
         inputs, targets = run.mix(images, labels)
-        with run.precision.autocast():
-            output = run.model(inputs)
-            loss = run.criterion(output, targets)
-        run.optimizer.zero_grad(set_to_none=True)
-        run.update(loss, len(labels))
+        with run.accumulation.syncing(run.model):
+            with run.precision.autocast():
+                output = run.model(inputs)
+                loss = run.criterion(output, targets)
+            stepped = run.update(loss, len(labels))
         run.profiler.step()
         run.meter.add(output, labels, loss)
         batches_left -= 1
-        if run.step % run.log_every == 0:
+        if stepped and run.step % run.log_every == 0:
             end_window(run, bar)
         if run.out_of_steps:
             break
     else:
         batches_left = 0  # the loader ran out, whatever its len said (a restriped stream may count the whole epoch)
+        if run.pending_images:  # the epoch's last, shorter group of train.accumulate
+            run.step_optimizer(loss)
     end_window(run, bar)
     bar.close()
     return batches_left == 0

@@ -13,6 +13,7 @@ from ..core.hardware import Hardware
 from ..data.coverage import NO_RECORD, Coverage, EpochRecord
 from ..data.loaders import Loaders
 from ..diagnosis.sysmon import SystemMonitor
+from .accumulate import GradientAccumulation
 from .accuracy import TimeToAccuracy
 from .average import WeightAverage
 from .checkpoint import Checkpoints, Inference
@@ -34,6 +35,7 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     criterion: torch.nn.Module
     mix: BatchMix  # mixup and CutMix of each training batch, or nothing
+    accumulation: GradientAccumulation  # how many batches' gradients make an optimizer step
     precision: Precision
     loaders: Loaders
     clock: Clock
@@ -58,6 +60,7 @@ class Run:
     epoch: int = 0
     step: int = 0
     images_in_epoch: int = 0  # images of the current epoch all processes together trained on
+    pending_images: int = 0  # this process's images whose gradients wait for the next optimizer step
     windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
     resumed_windows: int = 0  # of `windows`, those of the run this one resumed
     setup: dict[str, float] = field(default_factory=dict)  # this run's seconds before its first step, by stage
@@ -73,16 +76,27 @@ class Run:
     def out_of_steps(self) -> bool:
         return self.max_steps is not None and self.step >= self.max_steps
 
-    def update(self, loss: torch.Tensor, batch_images: int) -> None:
-        """Backward, then optimizer and scheduler step and the counts: a checkpoint is consistent before
-        `updating` is set and after it is cleared, never in between."""
-        self.precision.backward(loss)
+    def update(self, loss: torch.Tensor, batch_images: int) -> bool:
+        """Backward, then, once the step's batches are all in, the optimizer step; whether it stepped."""
+        self.precision.backward(self.accumulation.add(loss))
+        self.pending_images += batch_images
+        if self.accumulation.due:
+            self.step_optimizer(loss)
+        return not self.pending_images
+
+    def step_optimizer(self, loss: torch.Tensor) -> None:
+        """Optimizer and scheduler step and the counts, from the gradients so far: a checkpoint is consistent before
+        `updating` is set and after it is cleared, never in between. Images whose gradients a failure loses before
+        their step are not counted trained, so a resumed run trains them again."""
+        self.accumulation.finish(self.optimizer, self.world)
         self.precision.clip(self.optimizer, self.clip_grad_norm)
         self.updating = True
         self.precision.apply(loss, self.optimizer, self.step)
+        self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.average.update(self.model)
-        self.step, self.images_in_epoch = self.step + 1, self.images_in_epoch + batch_images * self.world.size
+        self.step, self.images_in_epoch = self.step + 1, self.images_in_epoch + self.pending_images * self.world.size
+        self.pending_images = 0
         self.updating = False
 
     def share_window(self, window: Window) -> tuple[list[Window], bool]:

@@ -1,0 +1,92 @@
+"""train.accumulate: the summed gradients of k batches of b step the optimizer as one batch of k x b would, a
+shorter last group included, and under DistributedDataParallel too."""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+
+from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.loop.accumulate import GradientAccumulation
+
+SINGLE = World(0, 0, 1, torch.device("cpu"))
+
+
+def data(images: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(images, 6, generator=generator), torch.randint(0, 3, (images,), generator=generator)
+
+
+def one_batch_gradient(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+    return model.weight.grad.clone()
+
+
+def accumulated_gradient(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch: int,
+                         accumulation: GradientAccumulation, world: World = SINGLE) -> torch.Tensor:
+    model.zero_grad()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for start in range(0, len(inputs), batch):
+        with accumulation.syncing(model):
+            loss = torch.nn.functional.cross_entropy(model(inputs[start:start + batch]), labels[start:start + batch])
+            accumulation.add(loss).backward()
+        if accumulation.due:  # as the loop steps the optimizer
+            accumulation.finish(optimizer, world)
+    if accumulation.pending:  # as the loop ends an epoch
+        accumulation.finish(optimizer, world)
+    return getattr(model, "module", model).weight.grad.clone()
+
+
+@pytest.mark.parametrize("batches", [4, 3], ids=["k batches", "a shorter last group"])
+def test_k_batches_of_b_give_the_gradient_of_one_batch_of_k_times_b(batches):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    inputs, labels = data(2 * batches)
+    accumulation = GradientAccumulation(4)
+    accumulated = accumulated_gradient(model, inputs, labels, batch=2, accumulation=accumulation)
+    torch.testing.assert_close(accumulated, one_batch_gradient(model, inputs, labels))
+    assert accumulation.pending == 0
+    assert not torch.allclose(accumulated, one_batch_gradient(model, inputs[:2], labels[:2]))  # not one batch's
+
+
+class RecordsNoSync(torch.nn.Linear):
+    def __init__(self):
+        super().__init__(6, 3)
+        self.unsynced = 0
+
+    def no_sync(self):
+        self.unsynced += 1
+        return torch.autograd.graph.saved_tensors_hooks(lambda tensor: tensor, lambda tensor: tensor)
+
+
+def test_only_the_last_batch_of_a_step_all_reduces():
+    model = RecordsNoSync()
+    inputs, labels = data(16)
+    accumulated_gradient(model, inputs, labels, batch=2, accumulation=GradientAccumulation(4))
+    assert model.unsynced == 6  # 3 of each step's 4 batches, in 2 steps
+
+
+def ddp_process(rank: int, store: str, results) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(6, 3))
+    inputs, labels = data(24)
+    mine = slice(rank * 12, rank * 12 + 6)  # 3 batches of 2: a group of 4 cut short
+    grad = accumulated_gradient(model, inputs[mine], labels[mine], batch=2, accumulation=GradientAccumulation(4),
+                                world=World(rank, rank, 2, torch.device("cpu")))
+    results[rank] = grad
+    dist.destroy_process_group()
+
+
+@pytest.mark.full
+def test_under_ddp_a_short_group_is_averaged_over_the_processes_too(tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(ddp_process, args=(str(tmp_path / "store"), results), nprocs=2, join=True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    inputs, labels = data(24)
+    both = torch.cat([inputs[0:6], inputs[12:18]]), torch.cat([labels[0:6], labels[12:18]])
+    expected = one_batch_gradient(model, *both)
+    torch.testing.assert_close(results[0], expected)
+    torch.testing.assert_close(results[1], expected)
