@@ -342,6 +342,7 @@ BAD_INPUT = {
     "train.ema_decay=1": ["train.ema_decay=1"],
     "train.mixup_alpha=-0.2": ["train.mixup_alpha=-0.2"],
     "train.accumulate=0": ["train.accumulate=0"],
+    "data.start_crop_size above data.crop_size": ["data.start_crop_size=64"],
     "train.top1_levels above 100": ["train.top1_levels=[50,150]"],
 }
   # 120 images: 30 steps per epoch for one process

@@ -172,3 +172,26 @@ def test_train_accumulate_steps_once_per_group_and_trains_every_image(train_in_p
     summary = train_in_process("train.accumulate=4", "train.epochs=2")
     assert summary["steps"] == 4  # 6 batches an epoch: a step of 4, then one of the last 2
     assert len(re.findall(r"epoch \d trained each of its 24 images once", caplog.text)) == 2, caplog.text
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_progressive_sizes_reach_the_workers_each_epoch_and_validation_keeps_the_crop_size(train_in_process,
+                                                                                           monkeypatch, workers):
+    from {{ cookiecutter.package }} import train as train_module
+    from {{ cookiecutter.package }}.loop.mix import BatchMix
+
+    trained, validated = [], []
+    mix = BatchMix.__call__
+    monkeypatch.setattr(BatchMix, "__call__", lambda self, images, labels: (trained.append(images.shape[-2:]),
+                                                                            mix(self, images, labels))[1])
+    evaluate = train_module.evaluate
+
+    def recording(model, loader, *args, **kwargs):
+        return evaluate(model, ((validated.append(images.shape[-2:]), (images, labels))[1] for images, labels in loader),
+                        *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "evaluate", recording)
+    train_in_process("data.start_crop_size=16", "data.crop_ramp_epochs=[0,2]", "train.epochs=3",
+                     f"loader.num_workers={workers}")
+    assert [shape[0] for shape in trained] == [16] * 6 + [24] * 6 + [32] * 6  # 6 batches an epoch
+    assert all(shape == (32, 32) for shape in trained[-6:]) and {tuple(shape) for shape in validated} == {(32, 32)}

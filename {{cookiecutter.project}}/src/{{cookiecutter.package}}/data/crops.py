@@ -1,21 +1,58 @@
 """The crops cut from each image: a random-resized crop and flip for training, the centre for validation."""
 import math
 import random
+from dataclasses import dataclass
 
 from ..contracts import Box, Crop
+from ..core.config import ConfigError
+
+SIZE_STEP = 8  # the sizes between a progressive schedule's ends are multiples of this
+
+
+@dataclass(frozen=True)
+class CropSchedule:
+    """Progressive resizing (`data.start_crop_size`, `data.crop_ramp_epochs`): the training crop's side in each
+    epoch, `start` until the ramp's first epoch, growing linearly to `final` (data.crop_size) at its last, in steps of
+    SIZE_STEP pixels, and `final` after; FFCV's ResNet recipes train this way, low resolution first. Validation stays
+    at data.crop_size. Without a start size, every epoch trains at `final`."""
+    final: int
+    start: int | None = None
+    ramp: tuple[int, int] = (0, 0)
+
+    def __post_init__(self):
+        if self.start is not None and not 8 <= self.start <= self.final:
+            raise ConfigError(f"data.start_crop_size={self.start} must be from 8 to data.crop_size={self.final}: "
+                              "progressive resizing grows the crop to data.crop_size; null trains at it throughout")
+        if len(self.ramp) != 2 or not 0 <= self.ramp[0] <= self.ramp[1]:
+            raise ConfigError(f"data.crop_ramp_epochs={list(self.ramp)} is not [first, last] epochs (from 0, first <= "
+                              "last) over which the crop grows from data.start_crop_size to data.crop_size")
+
+    def size(self, epoch: int) -> int:
+        if self.start is None or epoch >= self.ramp[1]:
+            return self.final
+        if epoch <= self.ramp[0]:
+            return self.start
+        grown = self.start + (self.final - self.start) * (epoch - self.ramp[0]) / (self.ramp[1] - self.ramp[0])
+        return min(self.final, max(self.start, round(grown / SIZE_STEP) * SIZE_STEP))
 
 
 class TrainCrop(Crop):
-    """Random-resized-crop box (torchvision's sampling rule) and a coin flip for the horizontal mirror.
+    """Random-resized-crop box (torchvision's sampling rule) and a coin flip for the horizontal mirror, at the side
+    the schedule gives the epoch (`set_epoch`, which each worker calls at its first image of an epoch).
 
     Drawn with Python's `random`, which start_worker seeds per worker and epoch: a tenth of the cost of
     torchvision's get_params, which matters once nothing is left to decode (format=tensor).
     """
 
-    def __init__(self, size: int, scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3)):
+    def __init__(self, size: int, scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
+                 schedule: CropSchedule | None = None):
         self.size, self.scale = size, scale
         self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
         self.ratio = ratio
+        self.schedule = schedule or CropSchedule(size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.size = self.schedule.size(epoch)
 
     def full_detail_side(self) -> int:
         """The shorter side from which even the smallest crop spans `size` pixels each way: images resized to

@@ -98,10 +98,11 @@ class Images(Dataset):
     """
 
     def __init__(self, store: Store, transform, on_error: str, max_bad_fraction: float = 0.01, seed: int = 0,
-                 split: str = "training"):
+                 split: str = "training", crop: TrainCrop | None = None):
         if on_error not in ("skip", "raise"):
             raise ConfigError(f"data.on_error={on_error!r}: pick skip or raise")
         self.store, self.transform, self.on_error = store, transform, on_error
+        self.crop = crop  # the transform's crop, told each epoch as this process begins it
         self.max_bad_fraction, self.seed, self.split = max_bad_fraction, seed, split
         # In shared memory, so that every worker and every epoch sees them: one flag per image found unreadable,
         # and their count (whose lock also guards setting a flag).
@@ -130,6 +131,8 @@ class Images(Dataset):
             random.seed(hash((self.seed, epoch, index)))  # ints and tuples of them hash the same in every process
             if epoch != self._epoch:  # this process's copy: each worker's first image of an epoch
                 self.store.new_epoch()
+                if self.crop is not None:
+                    self.crop.set_epoch(epoch)
                 self._epoch = epoch
         for position in (index + offset for offset in range(min(REPLACEMENTS, len(self.store)))):
             position %= len(self.store)
@@ -226,7 +229,8 @@ class Splits:
 def make_splits(source: Source, stores: Stores, decoder: Decoder, seed: int = 0) -> Splits:
     """Training and validation data sets: random crops for one, the deterministic centre crop for the other."""
     size, on_error, fraction = source.crop_size, source.on_error, source.max_bad_fraction
-    return Splits(Images(stores.train, decoder.transform(TrainCrop(size)), on_error, fraction, seed, "training"),
+    crop = TrainCrop(size, schedule=source.crop_schedule)
+    return Splits(Images(stores.train, decoder.transform(crop), on_error, fraction, seed, "training", crop),
                   Images(stores.val, decoder.transform(CenterCrop(size, source.val_resize)), on_error, fraction,
                          split="validation"),
                   stores.classes, decoder)

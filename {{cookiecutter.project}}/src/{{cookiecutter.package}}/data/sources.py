@@ -9,6 +9,7 @@ from omegaconf import DictConfig, open_dict
 from ..contracts import Preprocessing
 from ..core.config import ConfigError
 from . import synth
+from .crops import CropSchedule
 from .device import IMAGENET_MEAN, IMAGENET_STD
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,7 @@ class Source:
     max_bad_fraction: float = 0.01
     mean: tuple[float, ...] = IMAGENET_MEAN  # per channel, in 0..1 of the pixel range
     std: tuple[float, ...] = IMAGENET_STD
+    crop_schedule: CropSchedule | None = None  # progressive resizing of the training crop; None: crop_size throughout
 
 
 def channels(key: str, values, default: tuple[float, ...]) -> tuple[float, ...]:
@@ -41,7 +43,7 @@ def channels(key: str, values, default: tuple[float, ...]) -> tuple[float, ...]:
 
 
 def folder(root: str | None, crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01,
-             mean=None, std=None) -> Source:
+           mean=None, std=None, start_crop_size: int | None = None, crop_ramp_epochs=(0, 0)) -> Source:
     """A tree in the ImageNet layout: root/train/<class>/* and root/val/<class>/*."""
     path = Path(root).expanduser() if root else None
     if path is not None and path.is_file():
@@ -49,19 +51,21 @@ def folder(root: str | None, crop_size: int, val_resize: int, on_error: str, max
     if path is not None and not path.is_dir():
         raise ConfigError(f"data.root={root} does not exist; pass the folder that holds train/<class>/ and val/<class>/")
     return Source(path, crop_size, val_resize, on_error, max_bad_fraction, channels("data.mean", mean, IMAGENET_MEAN),
-                  channels("data.std", std, IMAGENET_STD))
+                  channels("data.std", std, IMAGENET_STD),
+                  CropSchedule(crop_size, start_crop_size, tuple(crop_ramp_epochs)))
 
 
 def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_dir: str,
               crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01, mean=None,
-              std=None) -> Source:
+              std=None, start_crop_size: int | None = None, crop_ramp_epochs=(0, 0)) -> Source:
     """The built-in data set, written once per size into cache_dir and reused."""
     root = Path(cache_dir).expanduser() / f"c{num_classes}-t{train_per_class}-v{val_per_class}"
     if not (root / "val").is_dir():
         log.info("writing the synthetic data set to %s (once)", root)
         synth.write_dataset(root, num_classes, train_per_class, val_per_class)
     return Source(root, crop_size, val_resize, on_error, max_bad_fraction, channels("data.mean", mean, IMAGENET_MEAN),
-                  channels("data.std", std, IMAGENET_STD))
+                  channels("data.std", std, IMAGENET_STD),
+                  CropSchedule(crop_size, start_crop_size, tuple(crop_ramp_epochs)))
 
 
 def fit_preprocessing(data: DictConfig, own: Preprocessing | None, chosen: set[str]) -> Preprocessing:

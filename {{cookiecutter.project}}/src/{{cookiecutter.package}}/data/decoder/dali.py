@@ -24,8 +24,9 @@ class DaliDecoder(BatchDecoder):
     def __init__(self, batch_size: int, threads: int, on_cpu: bool = False):
         super().__init__(on_cpu)
         self.batch_size, self.threads = batch_size, threads
-        self.pipeline = None  # built on first use, in the training process, for the crop size it is given
-        self.running = deque()  # a token per batch started and not yet taken out, in the order DALI runs them
+        # By crop size, built on first use in the training process: one for validation, and one per size of a
+        # progressive schedule. Each with a token per batch started and not yet taken out, in the order it runs them.
+        self.pipelines: dict[int, tuple[Pipeline, deque]] = {}
 
     def build(self, device: torch.device, size: int) -> Pipeline:
         # On the CPU, DALI's threads are the decoders: more of them than cores only take turns, and a batch waits
@@ -52,27 +53,28 @@ class DaliDecoder(BatchDecoder):
 
     def start(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> Callable[[], torch.Tensor]:
         size = encoded[0].size
-        if self.pipeline is None:
-            self.pipeline = self.build(device, size)
+        if size not in self.pipelines:
+            self.pipelines[size] = self.build(device, size), deque()
+        pipeline, running = self.pipelines[size]
         boxes = np.array([item.box for item in encoded], np.float32)  # left, top, right, bottom
         # One array per input, the batch its first dimension: 3 ms a batch of 64 where a list of arrays took 5 to 11.
-        self.pipeline.feed_input("jpegs", [item.data for item in encoded])
-        self.pipeline.feed_input("anchors", np.ascontiguousarray(boxes[:, :2]))
-        self.pipeline.feed_input("shapes", boxes[:, 2:] - boxes[:, :2])
-        self.pipeline.feed_input("mirror", np.array([item.flip for item in encoded], np.int32))
-        self.pipeline.schedule_run()
+        pipeline.feed_input("jpegs", [item.data for item in encoded])
+        pipeline.feed_input("anchors", np.ascontiguousarray(boxes[:, :2]))
+        pipeline.feed_input("shapes", boxes[:, 2:] - boxes[:, :2])
+        pipeline.feed_input("mirror", np.array([item.flip for item in encoded], np.int32))
+        pipeline.schedule_run()
         token = object()
-        self.running.append(token)
+        running.append(token)
 
         def crops() -> torch.Tensor:
             # DALI hands outputs back in the order it ran them. A batch started by a pass the training loop left
             # early (max_steps, limit_val_batches) is never asked for: its output is dropped here, so that no batch
             # is ever paired with another's labels.
             stream = None if self.on_cpu else torch.cuda.current_stream(device)
-            while self.running.popleft() is not token:
+            while running.popleft() is not token:
                 with contextlib.suppress(RuntimeError):  # a batch nobody takes fails nobody's pass
-                    self.pipeline.outputs(cuda_stream=stream)
-            (output,) = self.pipeline.outputs(cuda_stream=stream)
+                    pipeline.outputs(cuda_stream=stream)
+            (output,) = pipeline.outputs(cuda_stream=stream)
             if self.on_cpu:  # the output's own memory, which no later run writes to: no copy
                 return torch.from_dlpack(output.as_tensor()).to(device, non_blocking=non_blocking)
             from nvidia.dali.plugin.pytorch import feed_ndarray

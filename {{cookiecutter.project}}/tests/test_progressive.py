@@ -1,0 +1,29 @@
+"""Progressive resizing (data.start_crop_size, data.crop_ramp_epochs): the training crop grows epoch by epoch to
+data.crop_size, the workers cut each epoch's size, and validation stays at data.crop_size."""
+import pytest
+
+from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.data.crops import CropSchedule, TrainCrop
+
+
+def test_the_schedule_holds_the_start_ramps_in_steps_of_8_and_ends_at_the_crop_size():
+    schedule = CropSchedule(224, start=160, ramp=(2, 6))
+    assert [schedule.size(epoch) for epoch in range(9)] == [160, 160, 160, 176, 192, 208, 224, 224, 224]
+    assert [CropSchedule(224).size(epoch) for epoch in range(3)] == [224] * 3  # off: the crop size throughout
+    assert [CropSchedule(28, start=16, ramp=(0, 2)).size(epoch) for epoch in range(3)] == [16, 24, 28]
+
+
+def test_a_crop_takes_its_epochs_size():
+    crop = TrainCrop(64, schedule=CropSchedule(64, start=32, ramp=(0, 1)))
+    crop.set_epoch(0)
+    assert crop.size == 32
+    crop.set_epoch(1)
+    assert crop.size == 64
+
+
+@pytest.mark.parametrize("start, ramp, key", [(300, (0, 1), "data.start_crop_size=300"),
+                                              (4, (0, 1), "data.start_crop_size=4"),
+                                              (64, (3, 1), r"data.crop_ramp_epochs=\[3, 1\]")])
+def test_a_start_beyond_the_crop_or_a_ramp_backwards_is_refused_in_one_line(start, ramp, key):
+    with pytest.raises(ConfigError, match=rf"^{key} "):
+        CropSchedule(224, start=start, ramp=ramp)
