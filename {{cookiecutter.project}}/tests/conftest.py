@@ -343,6 +343,7 @@ BAD_INPUT = {
     "train.mixup_alpha=-0.2": ["train.mixup_alpha=-0.2"],
     "train.accumulate=0": ["train.accumulate=0"],
     "data.start_crop_size above data.crop_size": ["data.start_crop_size=64"],
+    "augment.magnitude beyond its bins": ["augment=rand_augment", "augment.magnitude=31"],
     "train.top1_levels above 100": ["train.top1_levels=[50,150]"],
 }
   # 120 images: 30 steps per epoch for one process

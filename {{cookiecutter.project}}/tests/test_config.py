@@ -141,6 +141,33 @@ class NoStore(Store):
         return str(index)
 
 
+def augment_args(tmp_path):
+    from {{ cookiecutter.package }}.data.crops import TrainCrop
+    from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
+
+    decoder = PilDecoder()
+    return {"transform": decoder.transform(TrainCrop(32)), "decoder": decoder}
+
+
+def check_augment(transform, cfg, tmp_path, option):
+    """The training transform as it was, or wrapped: the same crop for the same draw, an augmented one beside it."""
+    import io
+    import random
+
+    from PIL import Image
+
+    from {{ cookiecutter.package }}.data.decoder import Decoded
+
+    photo = io.BytesIO()
+    Image.effect_mandelbrot((96, 64), (-2, -1, 1, 1), 60).convert("RGB").save(photo, "JPEG")
+    crops = []
+    for _ in range(2):
+        random.seed(7)
+        crops.append(transform(photo.getvalue()))
+    assert all(isinstance(crop, Decoded) and crop.resized().shape == (32, 32, 3) for crop in crops)
+    assert (crops[0].resized() == crops[1].resized()).all()
+
+
 def prefetcher_args(tmp_path):
     from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
     from {{ cookiecutter.package }}.data.device import ToDevice
@@ -169,6 +196,7 @@ RUNTIME = {
     "staging": (lambda tmp_path: {"world": World(0, 0, 1, torch.device("cpu"))}, check_staging),
     "prefetcher": (prefetcher_args, check_prefetcher),
     "order": (lambda tmp_path: {}, check_order),
+    "augment": (augment_args, check_augment),
 }
 
 

@@ -12,7 +12,8 @@ from {{ cookiecutter.package }} import contracts, options
 from conftest import CONF
 
 PACKAGE_DIR = Path(options.__file__).parent
-GROUPS = ("data", "format", "decoder", "staging", "prefetcher", "logger", "profiler", "model", "optim", "schedule")
+GROUPS = ("data", "format", "decoder", "staging", "augment", "prefetcher", "logger", "profiler", "model", "optim",
+          "schedule")
 LONGEST_MODULE = 300  # lines
 
 

@@ -10,6 +10,7 @@ loader assembly, the loop, the report, the tools) sees only the contracts below,
 | `decoder`    | `Decoder`                        | data/decoder/<option>.py                  |
 | `staging`    | `Staging`                        | data/staging.py                           |
 | `order`      | `Order`                          | data/order.py                             |
+| `augment`    | `Augment`, in its own module     | data/augment.py                           |
 | `prefetcher` | `Prefetcher`                     | data/prefetcher.py                        |
 | `logger`     | `Logger`                         | loop/logger.py                            |
 | `profiler`   | `Profiler`                       | loop/profiler.py                          |
@@ -294,7 +295,5 @@ class Profiler(Protocol):
     """A context manager around the training epochs, told of every step."""
 
     def __enter__(self) -> "Profiler": ...
-
     def __exit__(self, *exc) -> None: ...
-
     def step(self) -> None: ...

@@ -65,7 +65,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     preprocessing = fit_preprocessing(cfg.data, pretrained and pretrained.preprocessing, chosen_keys(cfg, "data"))
     loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.order, cfg.decoder, cfg.prefetcher, cfg.loader,
                            batch_size=cfg.train.batch_size, seed=cfg.seed, world=world, memory_format=memory_format,
-                           faults=injected)
+                           faults=injected, augment=cfg.augment)
     if not len(loaders.train):  # an epoch without a batch would never end
         each = len(loaders.splits.train) // world.size
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is more than the {each} training images each of "

@@ -170,7 +170,8 @@ def training_loader(stores: Stores, images: Images, batch_size: int, seed: int, 
 
 def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, order: DictConfig, decoder: DictConfig,
                  prefetcher: DictConfig, loader: DictConfig, *, batch_size: int, seed: int, world: World,
-                 memory_format: torch.memory_format, faults: Faults = Faults()) -> Loaders:
+                 memory_format: torch.memory_format, faults: Faults = Faults(),
+                 augment: DictConfig | None = None) -> Loaders:
     """Build each option from its node and put them together, with the `faults` this process injects. Options
     that cannot work together are refused first, from what their facts say."""
     check_fit(format, staging, decoder, order)
@@ -183,13 +184,17 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     chosen = build(decoder)
     chosen.check_device(world.device)
     splits = make_splits(source, stores, chosen, seed)
+    decoding = splits.train.transform
+    if augment is not None:  # evaluate's loaders have none
+        splits.train.transform = build(augment, transform=decoding, decoder=chosen)
+    work = work_of(chosen, source.crop_size, splits.train.transform if splits.train.transform is not decoding else None)
     if faults.worker_error_at > 0 or faults.read_delay_ms > 0:
         splits.train.transform = FaultyReads(splits.train.transform, faults.worker_error_at,
                                              faults.read_delay_ms / 1000)
     settings = {key: value for key, value in loader.items() if key != RANGES}
     non_blocking = settings.pop("non_blocking")
     settings["num_workers"] = pick_num_workers(
-        settings["num_workers"], splits.train, batch_size, work_of(chosen, source.crop_size),
+        settings["num_workers"], splits.train, batch_size, work,
         lambda count: chosen.uploads(training_loader(stores, splits.train, batch_size, seed, world, chosen.collate,
                                                      visiting, **{**settings, "num_workers": count,
                                                                   "persistent_workers": False}),

@@ -58,9 +58,11 @@ def read_cache(setting: str) -> dict:
         return {}
 
 
-def work_of(decoder: Decoder, crop_size: int) -> str:
-    """What the workers and the decoder do to each image, as the cache of measured counts tells them apart."""
-    return f"{type(decoder).__module__}.{type(decoder).__name__}|crop {crop_size}|decoded"
+def work_of(decoder: Decoder, crop_size: int, transform: Callable | None = None) -> str:
+    """What the workers and the decoder do to each image, as the cache of measured counts tells them apart;
+    `transform`: the training split's, where an augmentation policy wraps the decoder's."""
+    return f"{type(decoder).__module__}.{type(decoder).__name__}|crop {crop_size}|decoded" + (
+        f"|{transform!r}" if transform is not None else "")
 
 
 def check_worker_count(value, setting: str) -> None:
