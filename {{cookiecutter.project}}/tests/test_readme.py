@@ -56,3 +56,11 @@ def test_the_contents_list_every_section_in_order_with_its_anchor():
     headings = [title for title in re.findall(r"^## (.+)$", README, re.M) if title != "Contents"]
     assert [title for title, _ in listed] == headings
     assert all(anchor == github_anchor(title) for title, anchor in listed), listed
+
+
+def test_the_recipe_translation_command_passes_the_checks(cache_dir, tiny_root, tmp_path):
+    block = section("Coming from torchvision's or timm's recipes").split("```bash\n", 1)[1].split("```", 1)[0]
+    overrides = own_data_overrides(block.strip())
+    with hydra_run("train", tiny(overrides, cache_dir, tiny_root), tmp_path) as cfg:
+        check(cfg)
+    assert cfg.train.ema_decay == 0.9998 and cfg.train.mixup_alpha == 0.2 and cfg.augment.num_magnitude_bins == 31
