@@ -137,6 +137,22 @@ def end_window(run: Run, bar: tqdm) -> None:
     run.stop.check(stop_anywhere)
 
 
+def step(run: Run, loss: torch.Tensor) -> None:
+    """The optimizer step, from the gradients of the batches since the last one (`loss`: the last batch's), and the
+    counts. A checkpoint is consistent before `run.updating` is set and after it is cleared, never in between; images
+    whose gradients a failure loses before their step are not counted trained, so a resumed run trains them again."""
+    run.accumulation.finish(run.optimizer, run.world)  # a short last group: the mean of its batches, all processes'
+    run.precision.clip(run.optimizer, run.clip_grad_norm)  # on the real gradients: fp16's are unscaled first
+    run.updating = True
+    run.precision.apply(loss, run.optimizer, run.step)  # the optimizer's step through the loss scaler
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    run.average.update(run.model)
+    run.step, run.images_in_epoch = run.step + 1, run.images_in_epoch + run.pending_images * run.world.size
+    run.pending_images = 0
+    run.updating = False
+
+
 def train_one_epoch(run: Run, epoch: int) -> bool:
     """Train from where the epoch stands until the loader or train.max_steps runs out; True if it ended."""
     run.model.train()
@@ -149,11 +165,15 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
                mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
     for images, labels in bar:
         inputs, targets = run.mix(images, labels)
-        with run.accumulation.syncing(run.model):
+        with run.accumulation.syncing(run.model):  # DDP all-reduces on the last batch of a step only
             with run.precision.autocast():
                 output = run.model(inputs)
                 loss = run.criterion(output, targets)
-            stepped = run.update(loss, len(labels))
+            run.precision.backward(run.accumulation.add(loss))  # each batch's share of the step's loss
+        run.pending_images += len(labels)
+        stepped = run.accumulation.due
+        if stepped:
+            step(run, loss)
         run.profiler.step()
         run.meter.add(output, labels, loss)
         batches_left -= 1
@@ -164,7 +184,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     else:
         batches_left = 0  # the loader ran out, whatever its len said (a restriped stream may count the whole epoch)
         if run.pending_images:  # the epoch's last, shorter group of train.accumulate
-            run.step_optimizer(loss)
+            step(run, loss)
     end_window(run, bar)
     bar.close()
     return batches_left == 0

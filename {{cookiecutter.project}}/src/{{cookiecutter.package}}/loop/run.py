@@ -66,7 +66,7 @@ class Run:
     setup: dict[str, float] = field(default_factory=dict)  # this run's seconds before its first step, by stage
     identity: dict = field(default_factory=dict)  # what a checkpoint of this run holds: model and classes
     records: list[EpochRecord | None] = field(default_factory=list)  # every process's, at the last window
-    updating: bool = False  # inside update(): the weights may be ahead of the step count
+    updating: bool = False  # inside train.py's step(): the weights may be ahead of the step count
 
     @property
     def device(self) -> torch.device:
@@ -75,29 +75,6 @@ class Run:
     @property
     def out_of_steps(self) -> bool:
         return self.max_steps is not None and self.step >= self.max_steps
-
-    def update(self, loss: torch.Tensor, batch_images: int) -> bool:
-        """Backward, then, once the step's batches are all in, the optimizer step; whether it stepped."""
-        self.precision.backward(self.accumulation.add(loss))
-        self.pending_images += batch_images
-        if self.accumulation.due:
-            self.step_optimizer(loss)
-        return not self.pending_images
-
-    def step_optimizer(self, loss: torch.Tensor) -> None:
-        """Optimizer and scheduler step and the counts, from the gradients so far: a checkpoint is consistent before
-        `updating` is set and after it is cleared, never in between. Images whose gradients a failure loses before
-        their step are not counted trained, so a resumed run trains them again."""
-        self.accumulation.finish(self.optimizer, self.world)
-        self.precision.clip(self.optimizer, self.clip_grad_norm)
-        self.updating = True
-        self.precision.apply(loss, self.optimizer, self.step)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        self.average.update(self.model)
-        self.step, self.images_in_epoch = self.step + 1, self.images_in_epoch + self.pending_images * self.world.size
-        self.pending_images = 0
-        self.updating = False
 
     def share_window(self, window: Window) -> tuple[list[Window], bool]:
         """Every rank's split of a logging window, and whether any rank was asked to stop: the window's one
