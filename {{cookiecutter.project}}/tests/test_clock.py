@@ -55,7 +55,8 @@ def test_lap_opens_a_new_window():
 
 
 def test_windows_add_up():
-    total = Window(2, 16, 1.0, 0.25, 0.125) + Window(2, 16, 1.0, 0.75, 0.125)
+    total = (Window(steps=2, images=16, wall_s=1.0, data_s=0.25, host_s=0.125)
+             + Window(steps=2, images=16, wall_s=1.0, data_s=0.75, host_s=0.125))
     assert (total.steps, total.images, total.data_frac, total.host_frac) == (4, 32, 0.5, 0.125)
     assert total.compute_ms == pytest.approx(1000 * 0.75 / 4)
 

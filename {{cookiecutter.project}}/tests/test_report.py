@@ -10,6 +10,11 @@ from {{ cookiecutter.package }}.loop.clock import Window
 CPU = torch.device("cpu")
 
 
+def window(steps: int, wall_s: float, data_s: float, host_s: float = 0.0) -> Window:
+    """A logging window of `steps` steps of 8 images each."""
+    return Window(steps=steps, images=8 * steps, wall_s=wall_s, data_s=data_s, host_s=host_s)
+
+
 class Ranks:
     """Stands in for a World of several processes: gather() returns the rows the processes would send."""
 
@@ -24,9 +29,9 @@ class Ranks:
 def test_every_timing_figure_comes_from_the_process_the_others_waited_for():
     from {{ cookiecutter.package }}.core.distributed import World
 
-    windows = [(Window(5, 40, 9.0, 9.0, 0.0), {"sys/cpu_util": 1.0}),  # start-up: left out
-               (Window(10, 80, 2.0, 0.5, 0.1), {"sys/cpu_util": 50.0}),
-               (Window(10, 80, 2.0, 0.3, 0.1), {"sys/cpu_util": 70.0})]
+    windows = [(window(5, 9.0, 9.0), {"sys/cpu_util": 1.0}),  # start-up: left out
+               (window(10, 2.0, 0.5, 0.1), {"sys/cpu_util": 50.0}),
+               (window(10, 2.0, 0.3, 0.1), {"sys/cpu_util": 70.0})]
     total, system, rank, splits = run_totals(windows, World(0, 0, 1, CPU))
     assert (total.steps, total.images, total.wall_s, total.data_s, total.host_s, rank) == (20, 160, 4.0, 0.8, 0.2, 0)
     assert system == {"sys/cpu_util": 60.0} and splits == [total]
@@ -42,9 +47,9 @@ def test_every_timing_figure_comes_from_the_process_the_others_waited_for():
 def test_a_figure_the_system_monitor_stopped_giving_midway_is_left_out_not_a_crash():
     from {{ cookiecutter.package }}.core.distributed import World
 
-    windows = [(Window(5, 40, 9.0, 9.0, 0.0), {"sys/cpu_util": 1.0, "sys/gpu_util": 80.0}),
-               (Window(10, 80, 2.0, 0.5, 0.1), {"sys/cpu_util": 50.0, "sys/gpu_util": 90.0}),
-               (Window(10, 80, 2.0, 0.3, 0.1), {"sys/cpu_util": 70.0})]  # NVML failed: gpu_util is gone from here on
+    windows = [(window(5, 9.0, 9.0), {"sys/cpu_util": 1.0, "sys/gpu_util": 80.0}),
+               (window(10, 2.0, 0.5, 0.1), {"sys/cpu_util": 50.0, "sys/gpu_util": 90.0}),
+               (window(10, 2.0, 0.3, 0.1), {"sys/cpu_util": 70.0})]  # NVML failed: gpu_util is gone from here on
     _, system, _, _ = run_totals(windows, World(0, 0, 1, CPU))
     assert system == {"sys/cpu_util": 60.0}
 
@@ -68,8 +73,8 @@ class AllReduce:
 
 def test_a_process_whose_nvml_failed_midway_gathers_rows_the_others_can_add_to():
     """faults.nvml_fails_after on one process: its sys/gpu_util stops after the first window, the other's does not."""
-    healthy = [(Window(5, 40, 2.0, 0.5, 0.0), {"sys/cpu_util": 40.0, "sys/gpu_util": 90.0})] * 3
-    lost = healthy[:1] + [(Window(5, 40, 2.0, 0.9, 0.0), {"sys/cpu_util": 40.0})] * 2
+    healthy = [(window(5, 2.0, 0.5), {"sys/cpu_util": 40.0, "sys/gpu_util": 90.0})] * 3
+    lost = healthy[:1] + [(window(5, 2.0, 0.9), {"sys/cpu_util": 40.0})] * 2
     job = AllReduce(2)
     run_totals(healthy, job.at(0))
     _, system, rank, _ = run_totals(lost, job.at(1))

@@ -15,7 +15,7 @@ from .device import IMAGENET_MEAN, IMAGENET_STD
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Source:
     """What the data group says: where the JPEG tree is (if anywhere) and the crops to train and validate on."""
     root: Path | None
@@ -50,9 +50,10 @@ def folder(root: str | None, crop_size: int, val_resize: int, on_error: str, max
         raise ConfigError(f"data.root={root} is a file; pass the folder that holds train/<class>/ and val/<class>/")
     if path is not None and not path.is_dir():
         raise ConfigError(f"data.root={root} does not exist; pass the folder that holds train/<class>/ and val/<class>/")
-    return Source(path, crop_size, val_resize, on_error, max_bad_fraction, channels("data.mean", mean, IMAGENET_MEAN),
-                  channels("data.std", std, IMAGENET_STD),
-                  CropSchedule(crop_size, start_crop_size, tuple(crop_ramp_epochs)))
+    return Source(root=path, crop_size=crop_size, val_resize=val_resize, on_error=on_error,
+                  max_bad_fraction=max_bad_fraction, mean=channels("data.mean", mean, IMAGENET_MEAN),
+                  std=channels("data.std", std, IMAGENET_STD),
+                  crop_schedule=CropSchedule(crop_size, start_crop_size, tuple(crop_ramp_epochs)))
 
 
 def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_dir: str,
@@ -63,9 +64,10 @@ def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_
     if not (root / "val").is_dir():
         log.info("writing the synthetic data set to %s (once)", root)
         synth.write_dataset(root, num_classes, train_per_class, val_per_class)
-    return Source(root, crop_size, val_resize, on_error, max_bad_fraction, channels("data.mean", mean, IMAGENET_MEAN),
-                  channels("data.std", std, IMAGENET_STD),
-                  CropSchedule(crop_size, start_crop_size, tuple(crop_ramp_epochs)))
+    return Source(root=root, crop_size=crop_size, val_resize=val_resize, on_error=on_error,
+                  max_bad_fraction=max_bad_fraction, mean=channels("data.mean", mean, IMAGENET_MEAN),
+                  std=channels("data.std", std, IMAGENET_STD),
+                  crop_schedule=CropSchedule(crop_size, start_crop_size, tuple(crop_ramp_epochs)))
 
 
 def fit_preprocessing(data: DictConfig, own: Preprocessing | None, chosen: set[str]) -> Preprocessing:

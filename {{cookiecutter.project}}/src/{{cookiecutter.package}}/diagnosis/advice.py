@@ -29,7 +29,7 @@ class Suggestion:
         return asdict(self)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Settings:
     """The options the advice refers to, so that it names only switches not flipped already."""
     num_workers: int

@@ -52,7 +52,7 @@ def run_totals(windows: list[tuple[Window, dict[str, float]]],
               for tag in SystemMonitor.FIGURES]
     fields = [field.name for field in dataclasses.fields(Window)]
     rows = world.gather([*dataclasses.astuple(total), *system])
-    splits = [Window(**{name: type(getattr(total, name))(value) for name, value in zip(fields, row)}) for row in rows]
+    splits = [Window.from_row(row[:len(fields)]) for row in rows]
     rank = max(range(len(splits)), key=lambda index: splits[index].data_s + splits[index].host_s)
     figures = {tag: value for tag, value in zip(SystemMonitor.FIGURES, rows[rank][len(fields):])
                if not math.isnan(value)}

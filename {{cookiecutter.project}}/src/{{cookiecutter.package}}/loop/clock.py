@@ -21,12 +21,12 @@ import itertools
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, fields
 
 import torch
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Window:
     steps: int = 0
     images: int = 0
@@ -78,7 +78,12 @@ class Window:
                 "throughput/images_per_s": self.images_per_s, **started}
 
     def __add__(self, other: "Window") -> "Window":
-        return Window(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other))))
+        return Window.from_row([mine + theirs for mine, theirs in zip(astuple(self), astuple(other))])
+
+    @classmethod
+    def from_row(cls, row: list[float]) -> "Window":
+        """The window whose astuple() is `row` (the figures a gather carries), each field as its type."""
+        return cls(**{field.name: type(field.default)(value) for field, value in zip(fields(cls), row)})
 
 
 class Clock:
@@ -127,12 +132,13 @@ class Clock:
     def lap(self) -> Window:
         """Close the window, return its split, and open the next."""
         wall = time.perf_counter() - self.window_start
-        window = Window(self.steps, self.images, wall, min(self.waited_s, wall), 0.0, *self._epoch_start(wall))
+        window = Window(steps=self.steps, images=self.images, wall_s=wall, data_s=min(self.waited_s, wall),
+                        **self._epoch_start(wall))
         self.start()
         return window
 
-    def _epoch_start(self, wall: float) -> tuple[float, int]:
-        return min(self.epoch_start_s, wall), self.epoch_starts
+    def _epoch_start(self, wall: float) -> dict[str, float | int]:
+        return {"epoch_start_s": min(self.epoch_start_s, wall), "epoch_starts": self.epoch_starts}
 
     def close(self) -> None:
         """Stop anything the clock runs in the background."""
@@ -247,8 +253,8 @@ class CudaClock(Clock):
         data = sum(max(0.0, end - max(begin, on_host(queue_end))) for begin, end, queue_end in self.fetches)
         in_step = max(0.0, wall - waited - (sync_end - sync_begin))  # the sync's wait is the GPU's busy time
         host = idle_share(samples, on_host, self.window_start) * in_step
-        window = Window(self.steps, self.images, wall, min(data, wall), min(host, wall - min(data, wall)),
-                        *self._epoch_start(wall))
+        window = Window(steps=self.steps, images=self.images, wall_s=wall, data_s=min(data, wall),
+                        host_s=min(host, wall - min(data, wall)), **self._epoch_start(wall))
         self._open(closing)
         return window
 

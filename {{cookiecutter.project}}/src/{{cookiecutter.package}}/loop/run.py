@@ -85,7 +85,7 @@ class Run:
         rows = self.world.gather([float(self.stop.asked), *record, *astuple(window)])
         self.records = [EpochRecord.from_row(row[1:1 + EpochRecord.WIDTH]) for row in rows]
         self.coverage.window(self.records, self.images_in_epoch)
-        return [Window(*row[1 + EpochRecord.WIDTH:]) for row in rows], any(row[0] for row in rows)
+        return [Window.from_row(row[1 + EpochRecord.WIDTH:]) for row in rows], any(row[0] for row in rows)
 
     def check_coverage(self) -> None:
         """At an epoch's end, after its last window: every image once, the left-out ones aside, or stop the run."""
