@@ -412,3 +412,14 @@ def test_every_missing_value_is_named_in_the_one_line(tmp_path):
     with hydra_run("predict", [], tmp_path) as cfg, pytest.raises(ConfigError) as refused:
         check(cfg)
     assert [part.split(" has no value")[0] for part in str(refused.value).split("; ")] == ["checkpoint", "images"]
+
+
+ONE_OPTION_FACTS = [("format", "holds_pixels"), ("decoder", "takes_pixels"), ("order", "in_runs"), ("logger", "followed")]
+
+
+def test_a_fact_that_one_option_holds_names_it_and_one_that_several_hold_is_refused():
+    for group, fact in ONE_OPTION_FACTS:  # what the verdict, tune and the trials pick by a fact
+        assert options.having(group, fact) == [options.only(group, fact)]
+    with pytest.raises(ConfigError, match=r"^the decoder options .*, .* declare the fact decode_rank, which exactly "
+                                          r"one decoder option must"):
+        options.only("decoder", "decode_rank")

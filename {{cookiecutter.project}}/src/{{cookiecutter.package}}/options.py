@@ -119,6 +119,16 @@ def having(group: str, fact: str) -> list[str]:
     return [option for option in options(group) if getattr(facts(group, option), fact)]
 
 
+def only(group: str, fact: str) -> str:
+    """The one option of `group` whose facts say `fact` (the format that holds pixels, the decoder that takes them):
+    where two said it, picking one would be the alphabet's choice, so that is refused instead."""
+    holding = having(group, fact)
+    if len(holding) != 1:
+        raise ConfigError(f"the {group} options {', '.join(holding) or '(none)'} declare the fact {fact}, which "
+                          f"exactly one {group} option must: keep it in one of their conf/{group}/*.yaml _facts_")
+    return holding[0]
+
+
 def default(group: str) -> str | None:
     """The option train.yaml's defaults list picks for `group`."""
     for entry in OmegaConf.load(CONF / "train.yaml").defaults:

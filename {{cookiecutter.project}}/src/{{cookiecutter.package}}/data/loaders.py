@@ -252,7 +252,7 @@ def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, orde
                           f" (written by pack), or order={options.default('order')}")
     if stored.holds_pixels and not decoding.takes_pixels:
         raise ConfigError(f"{picked['format']} stores decoded pixels, so there is nothing to decode: pass "
-                          f"decoder={options.having('decoder', 'takes_pixels')[0]}")
+                          f"decoder={options.only('decoder', 'takes_pixels')}")
     if decoding.takes_pixels and not stored.holds_pixels:
         raise ConfigError(f"{picked['decoder']} is for formats that store decoded pixels "
                           f"({', '.join('format=' + name for name in options.having('format', 'holds_pixels'))}), "

@@ -115,7 +115,7 @@ def storage_side(system: dict[str, float], hardware: Hardware, settings: Setting
         packs = options.having("format", "packed_for_storage")
         # Read at random, a pack still pays a request per image, and more than the image where its reads are
         # larger (an HDF5 chunk): slower than the files on the simulated NFS share (docs/benchmarks.md).
-        runs = {"order": options.having("order", "in_runs")[0]} if options.facts("format", packs[0]).reads_runs else {}
+        runs = {"order": options.only("order", "in_runs")} if options.facts("format", packs[0]).reads_runs else {}
         found.append(Suggestion(
             "format", packs[0], "Turn many small reads into a few long ones: pack once with "
             f"`python -m {options.PACKAGE}.pack format={packs[0]}`"

@@ -154,12 +154,12 @@ def lighter_decoding(settings: Settings, hardware: Hardware, saturated: str) -> 
         found += [Suggestion("decoder", option, "Move decoding to the GPU", f"{saturated}; {hardware.gpu_fact}", "data")
                   for option in options.gpu_options("decoder")]
     side = TrainCrop(settings.crop_size).full_detail_side()
-    pixels = options.having("format", "holds_pixels")[0]
+    pixels = options.only("format", "holds_pixels")
     found.append(Suggestion(
         "format", pixels, f"Decode once, offline: pack with `python -m {options.PACKAGE}.pack format={pixels} "
         f"pack.short_side={side}` (at that side the smallest random crop still has its {settings.crop_size} pixels; "
         "a smaller one saves disk at some detail)", saturated, "data", tunable=False,
-        also={"decoder": options.having("decoder", "takes_pixels")[0]}))
+        also={"decoder": options.only("decoder", "takes_pixels")}))
     return found
 
 

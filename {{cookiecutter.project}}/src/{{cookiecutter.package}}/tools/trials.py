@@ -30,7 +30,7 @@ from ..options import PACKAGE
 
 PEER_TIMEOUT_MIN = 1.0  # a trial's process gives up on a peer that failed after this long, not training's 30 min
 POLL_S = 0.25  # how often a running trial's progress is read
-FOLLOWED = options.having("logger", "followed")[0]  # the logger whose file shows a trial's windows as they end
+FOLLOWED = options.only("logger", "followed")  # the logger whose file shows a trial's windows as they end
 PROGRESS = OmegaConf.load(options.CONF / "logger" / f"{FOLLOWED}.yaml").file
 STOPPED = -1  # run_rank's exit code for a trial it stopped
 

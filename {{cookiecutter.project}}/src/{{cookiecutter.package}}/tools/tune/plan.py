@@ -29,9 +29,9 @@ class PackOffer:
 
     def __init__(self, root: Path, crop_size: int, pack_dir: str, on_error: str):
         self.root, self.side, self.on_error = root, TrainCrop(crop_size).full_detail_side(), on_error
-        self.format = options.having("format", "holds_pixels")[0]
+        self.format = options.only("format", "holds_pixels")
         self.path = pack_path(Path(pack_dir).expanduser(), tree_key(root), self.format, self.side)
-        self.change = {"format": self.format, "decoder": options.having("decoder", "takes_pixels")[0],
+        self.change = {"format": self.format, "decoder": options.only("decoder", "takes_pixels"),
                        "format.path": str(self.path)}
         self.command = (f"python -m {options.PACKAGE}.pack data.root={root} format={self.format} "
                         f"pack.short_side={self.side} pack.out={self.path}")
