@@ -96,7 +96,7 @@ def test_a_candidate_that_fails_is_recorded_with_its_reason_and_tuning_goes_on(t
     given = tiny(("decoder=pil", "train.batch_size=8", "faults.read_delay_ms=25"), cache_dir, tiny_root)  # data-bound
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("tune", [*given, *SHORT, "tune.budget_min=3", f"tune.pack_dir={tmp_path / 'packs'}"])
-    refused = Suggestion("loader.prefetch_factor", "0", "Try", "refused", "data")
+    refused = Suggestion(key="loader.prefetch_factor", value="0", why="Try", fact="refused", side="data")
     starved = {"bound": "data", "data_frac": 0.5, "data_cost": 0.5, "host_frac": 0.0, "env": {"device": "cpu: x86_64"},
                "hardware": AVX2.record(), "suggestions": [refused.record()], "withheld": [],
                "choices": {"format": "folder", "decoder": "pil", "prefetcher": "none", "staging": "none"}}

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 from .. import options
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Suggestion:
     """One switch to flip, why, and the fact that makes it apply on this machine."""
     key: str  # a config key or group

@@ -52,12 +52,13 @@ class Straggler:
     def suggestion(self) -> Suggestion:
         host, fact = self.times.host, self.verdict().split(": ", 1)[1].rstrip(".")
         if self.side == "data":
-            return Suggestion("data.root", None, f"Look at host {host}'s disk and data path: a slower mount, a cold "
-                              "cache or another job reading it. The switches act on every rank alike, and the others "
-                              "do not wait for data", fact, "data", tunable=False)
-        return Suggestion("distributed", None, f"Look at host {host}'s cores: another job on them, or fewer cores "
-                          "than its GPUs need. The switches act on every rank alike, and the others are not held "
-                          "up by their host", fact, "host", tunable=False)
+            return Suggestion(key="data.root", value=None, side="data", fact=fact, tunable=False,
+                              why=f"Look at host {host}'s disk and data path: a slower mount, a cold cache or another "
+                              "job reading it. The switches act on every rank alike, and the others do not wait for "
+                              "data")
+        return Suggestion(key="distributed", value=None, side="host", fact=fact, tunable=False,
+                          why=f"Look at host {host}'s cores: another job on them, or fewer cores than its GPUs need. "
+                          "The switches act on every rank alike, and the others are not held up by their host")
 
 
 def straggler(ranks: Sequence[RankTimes]) -> Straggler | None:

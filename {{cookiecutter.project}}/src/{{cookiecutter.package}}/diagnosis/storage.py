@@ -80,15 +80,16 @@ def device_decoding_side(system: dict[str, float], hardware: Hardware, settings:
     (below `cpu_saturated` percent busy). Never storage's switches: reading faster would not shorten the wait."""
     fact, found = device_decoding_fact(system, hardware), []
     if hardware.on_gpu and not settings.picked("decoder").region_decode:
-        found += [Suggestion("decoder", option, "Decode only what each crop keeps, on the GPU",
-                             f"{fact}; decoder={option} decodes only the crop's region", "data")
+        found += [Suggestion(key="decoder", value=option, why="Decode only what each crop keeps, on the GPU",
+                             fact=f"{fact}; decoder={option} decodes only the crop's region", side="data")
                   for option in options.gpu_options("decoder")
                   if options.facts("decoder", option).region_decode and not options.facts("decoder", option).missing()]
     cpu = system.get("sys/cpu_util")
     if cpu is not None and cpu < cpu_saturated:
-        found.append(Suggestion("decoder", options.fastest_cpu_decoder(), "Decode in the loader's workers instead, "
-                                "with the fastest CPU decoder installed here", f"{fact}, with the CPU {cpu:.0f}% busy "
-                                f"on {hardware.cores} cores", "data"))
+        found.append(Suggestion(key="decoder", value=options.fastest_cpu_decoder(), side="data",
+                                why="Decode in the loader's workers instead, with the fastest CPU decoder installed "
+                                "here",
+                                fact=f"{fact}, with the CPU {cpu:.0f}% busy on {hardware.cores} cores"))
     return found
 
 
@@ -97,32 +98,35 @@ def storage_side(system: dict[str, float], hardware: Hardware, settings: Setting
     fact, found = reading_fact(system, settings), []
     streams = settings.picked("format").streams  # nothing for a staging option to copy: say where its chunks go
     if streams:
-        found.append(Suggestion("format.cache_dir", None, f"Read the chunks from RAM: format={settings.chosen('format')} "
-                                f"{streams}", fact, "data", tunable=False))
+        found.append(Suggestion(key="format.cache_dir", value=None, side="data", fact=fact, tunable=False,
+                                why=f"Read the chunks from RAM: format={settings.chosen('format')} {streams}"))
     elif not settings.picked("staging").copies_to_ram:
-        found += [Suggestion("staging", option, "Copy the data into RAM once, if it fits", fact, "data")
+        found += [Suggestion(key="staging", value=option, side="data", fact=fact,
+                             why="Copy the data into RAM once, if it fits")
                   for option in options.having("staging", "copies_to_ram")]
     if settings.picked("format").reads_runs and not settings.picked("order").in_runs:
-        found += [Suggestion("order", option, "Read big and shuffle in memory: runs of consecutive records, one "
-                             "request each", fact, "data") for option in options.having("order", "in_runs")]
+        found += [Suggestion(key="order", value=option, side="data", fact=fact,
+                             why="Read big and shuffle in memory: runs of consecutive records, one request each")
+                  for option in options.having("order", "in_runs")]
     more = next((factor * hardware.cores for factor in READERS_PER_CORE
                  if settings.num_workers < factor * hardware.cores), None)
     if more:  # after RAM, which takes the reads away; more readers only queue more of them
-        found.append(Suggestion("loader.num_workers", str(more), f"Keep more reads in flight: workers waiting on "
-                                f"reads take little CPU, so {more} fit on {hardware.cores} cores (now "
-                                f"{settings.num_workers})", fact, "data"))
+        found.append(Suggestion(key="loader.num_workers", value=str(more), side="data", fact=fact,
+                                why=f"Keep more reads in flight: workers waiting on reads take little CPU, so {more} "
+                                f"fit on {hardware.cores} cores (now {settings.num_workers})"))
     if not settings.picked("format").packed:
         packs = options.having("format", "packed_for_storage")
         # Read at random, a pack still pays a request per image, and more than the image where its reads are
         # larger (an HDF5 chunk): slower than the files on the simulated NFS share (docs/benchmarks.md).
         runs = {"order": options.only("order", "in_runs")} if options.facts("format", packs[0]).reads_runs else {}
         found.append(Suggestion(
-            "format", packs[0], "Turn many small reads into a few long ones: pack once with "
+            key="format", value=packs[0], why="Turn many small reads into a few long ones: pack once with "
             f"`python -m {options.PACKAGE}.pack format={packs[0]}`"
             + "".join(f" (or format={other})" for other in packs[1:])
             + (" and read it in runs" if runs else "")
             + f"; `python -m {options.PACKAGE}.bench` measures how fast each format reads from this storage",
-            fact, "data", tunable=False, also=runs))
+            fact=fact, side="data", tunable=False, also=runs))
     if settings.prefetch_factor < 4:
-        found.append(Suggestion("loader.prefetch_factor", "4", "Queue more batches ahead of the step", fact, "data"))
+        found.append(Suggestion(key="loader.prefetch_factor", value="4", side="data", fact=fact,
+                                why="Queue more batches ahead of the step"))
     return found

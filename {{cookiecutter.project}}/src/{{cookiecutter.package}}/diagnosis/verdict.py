@@ -112,16 +112,17 @@ def data_side(total: Window, system: dict[str, float], hardware: Hardware, setti
         headroom = f"{waited}, with the CPU {cpu:.0f}% busy on {cores} cores"
         if settings.num_workers < cores:
             work = "Decode" if workers_decode(settings) else "Read the files"  # a batch decoder's workers only read
-            found.append(Suggestion("loader.num_workers", str(cores),
-                                    f"{work} in one process per core (now {settings.num_workers})", headroom, "data"))
+            found.append(Suggestion(key="loader.num_workers", value=str(cores), side="data", fact=headroom,
+                                    why=f"{work} in one process per core (now {settings.num_workers})"))
         if settings.prefetch_factor < 4:
-            found.append(Suggestion("loader.prefetch_factor", "4",
-                                    f"Smooth out slow batches (now {settings.prefetch_factor})", headroom, "data"))
+            found.append(Suggestion(key="loader.prefetch_factor", value="4", side="data", fact=headroom,
+                                    why=f"Smooth out slow batches (now {settings.prefetch_factor})"))
     if hardware.on_gpu and not settings.pin_memory:
-        found.append(Suggestion("loader.pin_memory", "true", "Copy to the GPU from page-locked memory",
-                                f"{waited}, and its copies come from pageable memory", "data"))
+        found.append(Suggestion(key="loader.pin_memory", value="true", why="Copy to the GPU from page-locked memory",
+                                fact=f"{waited}, and its copies come from pageable memory", side="data"))
     if hardware.on_gpu and not settings.picked("prefetcher").overlaps_copy:
-        found += [Suggestion("prefetcher", option, "Overlap each batch's copy with the previous step", waited, "data")
+        found += [Suggestion(key="prefetcher", value=option, side="data", fact=waited,
+                             why="Overlap each batch's copy with the previous step")
                   for option in options.having("prefetcher", "overlaps_copy")]
     return found
 
@@ -135,31 +136,32 @@ def epoch_start_side(total: Window, settings: Settings) -> list[Suggestion]:
         return []
     fact = (f"each epoch after the first waited {1000 * total.epoch_start_s / total.epoch_starts:.0f} ms for its "
             f"first batch, {100 * total.epoch_start_s / total.wall_s:.0f}% of the time")
-    return [Suggestion("loader.persistent_workers", "true", f"Keep the {settings.num_workers} workers between "
-                       "epochs, instead of starting them again at every epoch (or start fewer)", fact, "data")]
+    return [Suggestion(key="loader.persistent_workers", value="true", side="data", fact=fact,
+                       why=f"Keep the {settings.num_workers} workers between epochs, instead of starting them again at "
+                       "every epoch (or start fewer)")]
 
 
 def lighter_decoding(settings: Settings, hardware: Hardware, saturated: str) -> list[Suggestion]:
     """Ways to spend less CPU per image, given what the run already uses."""
     if settings.picked("format").holds_pixels:
-        return [Suggestion("data.crop_size", None, "Nothing is decoded any more: only more cores per device, or "
-                           "smaller crops, will help", saturated, "data", tunable=False)]
+        return [Suggestion(key="data.crop_size", value=None, side="data", fact=saturated, tunable=False,
+                           why="Nothing is decoded any more: only more cores per device, or smaller crops, will help")]
     found = []
     decoder, fastest = settings.picked("decoder"), options.fastest_cpu_decoder()
     if (decoder.decode_rank or 0) > options.facts("decoder", fastest).decode_rank:
-        found.append(Suggestion("decoder", fastest, "Decode with the fastest CPU decoder", f"{saturated}; it "
-                                "decodes fastest of the CPU decoders in docs/benchmarks.md's decode-only table",
-                                "data"))
+        found.append(Suggestion(key="decoder", value=fastest, side="data", why="Decode with the fastest CPU decoder",
+                                fact=f"{saturated}; it decodes fastest of the CPU decoders in docs/benchmarks.md's "
+                                "decode-only table"))
     if hardware.on_gpu and not decoder.gpu:
-        found += [Suggestion("decoder", option, "Move decoding to the GPU", f"{saturated}; {hardware.gpu_fact}", "data")
-                  for option in options.gpu_options("decoder")]
+        found += [Suggestion(key="decoder", value=option, side="data", why="Move decoding to the GPU",
+                             fact=f"{saturated}; {hardware.gpu_fact}") for option in options.gpu_options("decoder")]
     side = TrainCrop(settings.crop_size).full_detail_side()
     pixels = options.only("format", "holds_pixels")
     found.append(Suggestion(
-        "format", pixels, f"Decode once, offline: pack with `python -m {options.PACKAGE}.pack format={pixels} "
+        key="format", value=pixels, side="data", fact=saturated, tunable=False,
+        why=f"Decode once, offline: pack with `python -m {options.PACKAGE}.pack format={pixels} "
         f"pack.short_side={side}` (at that side the smallest random crop still has its {settings.crop_size} pixels; "
-        "a smaller one saves disk at some detail)", saturated, "data", tunable=False,
-        also={"decoder": options.only("decoder", "takes_pixels")}))
+        "a smaller one saves disk at some detail)", also={"decoder": options.only("decoder", "takes_pixels")}))
     return found
 
 
@@ -168,21 +170,23 @@ def host_side(total: Window, system: dict[str, float], hardware: Hardware, setti
     idle = f"the GPU sat idle {100 * total.host_frac:.0f}% of the time with the next batch ready"
     found = []
     if hardware.on_gpu and not settings.compile:
-        found.append(Suggestion("model.compile", "true", "Fuse the step's many small kernels into few, so the host "
-                                "launches less", idle, "host"))
-    found.append(Suggestion("train.batch_size", None, f"Give each launch more work: raise train.batch_size (now "
-                            f"{settings.batch_size}) while memory allows, scaling optim.lr with it", idle, "host",
-                            tunable=False))
+        found.append(Suggestion(key="model.compile", value="true", side="host", fact=idle,
+                                why="Fuse the step's many small kernels into few, so the host launches less"))
+    found.append(Suggestion(key="train.batch_size", value=None, side="host", fact=idle, tunable=False,
+                            why=f"Give each launch more work: raise train.batch_size (now {settings.batch_size}) while "
+                            "memory allows, scaling optim.lr with it"))
     if hardware.tensor_cores and not settings.channels_last:
-        found.append(Suggestion("model.channels_last", "true", "Drop the layout conversions around each convolution",
-                                f"{idle}; {hardware.gpu_fact}: its tensor cores read NHWC", "host"))
+        found.append(Suggestion(key="model.channels_last", value="true", side="host",
+                                why="Drop the layout conversions around each convolution",
+                                fact=f"{idle}; {hardware.gpu_fact}: its tensor cores read NHWC"))
     if settings.precision == "fp16" and hardware.native_bf16:
-        found.append(Suggestion("precision", "bf16", "fp16's loss scaler reads a flag from the GPU at every step, a "
-                                "sync; bf16 needs no scaler", f"{idle}; {hardware.bf16_fact}", "host"))
+        found.append(Suggestion(key="precision", value="bf16", side="host", fact=f"{idle}; {hardware.bf16_fact}",
+                                why="fp16's loss scaler reads a flag from the GPU at every step, a sync; bf16 needs no "
+                                "scaler"))
     if settings.log_every < FEW_STEPS_PER_SYNC:
-        found.append(Suggestion("train.log_every", str(FEW_STEPS_PER_SYNC), f"Sync the device less often (now every "
-                                f"{settings.log_every} steps, at each logging window's end)", idle, "host",
-                                tunable=False))
+        found.append(Suggestion(key="train.log_every", value=str(FEW_STEPS_PER_SYNC), side="host", fact=idle,
+                                tunable=False, why=f"Sync the device less often (now every {settings.log_every} steps, "
+                                "at each logging window's end)"))
     return found
 
 
@@ -196,18 +200,22 @@ def compute_switches(hardware: Hardware, settings: Settings, busy: str) -> list[
         fact = hardware.bf16_fact if faster == "bf16" else f"{hardware.gpu_fact}: fp16 tensor cores, no bf16 ones"
         if emulated:
             fact = f"{hardware.bf16_fact}; precision=bf16 is slower here than {faster}"
-        found.append(Suggestion("precision", faster, f"Compute in {faster}", f"{busy}; {fact}", "compute"))
+        found.append(Suggestion(key="precision", value=faster, side="compute", why=f"Compute in {faster}",
+                                fact=f"{busy}; {fact}"))
     if hardware.tensor_cores:
         tensor_cores = f"{busy}; {hardware.gpu_fact}"
         if not settings.channels_last:
-            found.append(Suggestion("model.channels_last", "true", "Tensor-core convolutions want NHWC",
-                                    f"{tensor_cores}: tensor cores read NHWC", "compute"))
+            found.append(Suggestion(key="model.channels_last", value="true", side="compute",
+                                    why="Tensor-core convolutions want NHWC",
+                                    fact=f"{tensor_cores}: tensor cores read NHWC"))
         if not settings.compile:
-            found.append(Suggestion("model.compile", "true", "Fuse element-wise kernels", tensor_cores, "compute"))
+            found.append(Suggestion(key="model.compile", value="true", side="compute", why="Fuse element-wise kernels",
+                                    fact=tensor_cores))
         if settings.cudnn == "default":
-            found.append(Suggestion("cudnn", "benchmark", "Let cuDNN time its convolution algorithms once per shape",
-                                    f"{tensor_cores}; every training batch has one shape ({settings.crop_size} pixels, "
-                                    "full batches), so the timing is paid once", "compute"))
+            found.append(Suggestion(key="cudnn", value="benchmark", side="compute",
+                                    why="Let cuDNN time its convolution algorithms once per shape",
+                                    fact=f"{tensor_cores}; every training batch has one shape ({settings.crop_size} "
+                                    "pixels, full batches), so the timing is paid once"))
     return found
 
 
@@ -222,16 +230,17 @@ def compute_side(total: Window, system: dict[str, float], hardware: Hardware, se
     """The device is busy: make each step cheaper."""
     busy = f"the {hardware.processor} computed {100 * total.compute_s / max(total.wall_s, 1e-9):.0f}% of the time"
     return [*compute_switches(hardware, settings, busy),
-            Suggestion("train.batch_size", None, "Compute sets the pace: raise train.batch_size while memory allows, "
-                       "pick a lighter model.name, or add devices with torchrun", busy, "compute", tunable=False)]
+            Suggestion(key="train.batch_size", value=None, side="compute", fact=busy, tunable=False,
+                       why="Compute sets the pace: raise train.batch_size while memory allows, pick a lighter "
+                       "model.name, or add devices with torchrun")]
 
 
 def withheld(hardware: Hardware, settings: Settings) -> list[Suggestion]:
     """Switches that pay off on other machines and would cost this one, with the hardware fact why."""
     if hardware.native_bf16 or settings.precision == "bf16":
         return []
-    return [Suggestion("precision", "bf16", f"Not advised here: bf16 autocast is emulated, slower than "
-                       f"{faster_precision(hardware)}", hardware.bf16_fact, "compute", tunable=False)]
+    return [Suggestion(key="precision", value="bf16", side="compute", fact=hardware.bf16_fact, tunable=False,
+                       why=f"Not advised here: bf16 autocast is emulated, slower than {faster_precision(hardware)}")]
 
 
 RULES = {"data": data_side, "host": host_side, "compute": compute_side}
