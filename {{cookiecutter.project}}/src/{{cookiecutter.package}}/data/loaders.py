@@ -7,7 +7,7 @@ import logging
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 
@@ -172,53 +172,57 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
                  prefetcher: DictConfig, loader: DictConfig, *, batch_size: int, seed: int, world: World,
                  memory_format: torch.memory_format, faults: Faults = Faults(),
                  augment: DictConfig | None = None) -> Loaders:
-    """Build each option from its node and put them together, with the `faults` this process injects. Options
-    that cannot work together are refused first, from what their facts say."""
+    """The stages of data/README.md, built in the order a training batch meets them, each from its option's node,
+    with the `faults` this process injects. Options that cannot work together are refused first, from their facts."""
     check_fit(format, staging, decoder, order)
     started = time.perf_counter()
-    source = build(data)
-    stores = build(format, source=source, stage=build(staging, world=world))
+    source = build(data)  # 1: where the images are, the crops to cut
+    stores = build(format, source=source, stage=build(staging, world=world))  # 2 and 3: a copy in RAM, the stores
     opened = time.perf_counter()
-    visiting = build(order)
+    visiting = build(order)  # 4: the epoch's order, and the runs its workers read
     stores = replace(stores, train=visiting.reads(stores.train))
-    chosen = build(decoder)
-    chosen.check_device(world.device)
-    splits = make_splits(source, stores, chosen, seed)
-    decoding = splits.train.transform
-    if augment is not None:  # evaluate's loaders have none
-        splits.train.transform = build(augment, transform=decoding, decoder=chosen)
-    work = work_of(chosen, source.crop_size, splits.train.transform if splits.train.transform is not decoding else None)
+    decoding = build(decoder)  # 6: decode and crop
+    decoding.check_device(world.device)
+    splits = make_splits(source, stores, decoding, seed)
+    plain = splits.train.transform
+    if augment is not None:  # 7: the augmentation policy; evaluate's loaders have none
+        splits.train.transform = build(augment, transform=plain, decoder=decoding)
+    work = work_of(decoding, source.crop_size, splits.train.transform if splits.train.transform is not plain else None)
     if faults.worker_error_at > 0 or faults.read_delay_ms > 0:
         splits.train.transform = FaultyReads(splits.train.transform, faults.worker_error_at,
                                              faults.read_delay_ms / 1000)
     settings = {key: value for key, value in loader.items() if key != RANGES}
     non_blocking = settings.pop("non_blocking")
-    settings["num_workers"] = pick_num_workers(
-        settings["num_workers"], splits.train, batch_size, work,
-        lambda count: chosen.uploads(training_loader(stores, splits.train, batch_size, seed, world, chosen.collate,
-                                                     visiting, **{**settings, "num_workers": count,
-                                                                  "persistent_workers": False}),
-                                     world.device, non_blocking),
-        decodes_beside=chosen.ahead > 0, device=world.device)
-    picked = time.perf_counter()
-    layout = agreed_layout(world, settings["num_workers"], batch_size, {
+
+    def swept(workers: int) -> Iterable:
+        """What loader.num_workers=auto times: batches as the step receives them, from `workers` workers."""
+        return decoding.uploads(training_loader(stores, splits.train, batch_size, seed, world, decoding.collate,
+                                                visiting, **{**settings, "num_workers": workers,
+                                                             "persistent_workers": False}),
+                                world.device, non_blocking)
+
+    settings["num_workers"] = pick_num_workers(settings["num_workers"], splits.train, batch_size, work, swept,
+                                               decodes_beside=decoding.ahead > 0, device=world.device)  # 9's workers
+    counted = time.perf_counter()
+    layout = agreed_layout(world, settings["num_workers"], batch_size, {  # 5: the sampler's layout, every process's
         "the number of training images": len(splits.train), "the number of validation images": len(splits.val),
         "the seed": seed, "the batch size": batch_size,
         "the order's settings": f"order={options.name_of('order', order)} {vars(visiting)}"})
     if faults.unagreed_workers >= 0:  # this process draws its order as if every process had its own worker count
         settings["num_workers"] = faults.unagreed_workers
         layout = Layout(world.size, faults.unagreed_workers, batch_size)
-    train = training_loader(stores, splits.train, batch_size, seed, world, splits.train.times.timed(chosen.collate),
+    # 5, 8 and 9: the sampler, the timed collate and the loader.
+    train = training_loader(stores, splits.train, batch_size, seed, world, splits.train.times.timed(decoding.collate),
                             visiting, layout, **settings)
-    val = make_loader(splits.val, batch_size, False, seed, world, collate=splits.val.times.timed(chosen.collate),
+    val = make_loader(splits.val, batch_size, False, seed, world, collate=splits.val.times.timed(decoding.collate),
                       **settings)
-    # A ToDevice each, so that the training batches' upload times leave out validation's.
-    to_device, val_to_device = (ToDevice(chosen, world.device, non_blocking, memory_format, source.mean, source.std)
+    # 10: a ToDevice each, so that the training batches' upload times leave out validation's.
+    to_device, val_to_device = (ToDevice(decoding, world.device, non_blocking, memory_format, source.mean, source.std)
                                 for _ in range(2))
-    train = build(prefetcher, to_device=to_device, loader=train)
+    train = build(prefetcher, to_device=to_device, loader=train)  # 11
     val = build(prefetcher, to_device=val_to_device, loader=val)
     return Loaders(train, val, settings["num_workers"], splits, to_device.times,
-                   setup={"data_s": opened - started, "workers_s": picked - opened})
+                   setup={"data_s": opened - started, "workers_s": counted - opened})
 
 
 def usable_decoder(decoder: DictConfig) -> None:
