@@ -56,10 +56,9 @@ class Augmented:
         return f"augment {self.augment!r}"
 
     def __call__(self, payload) -> Decoded:
-        decoded = self.transform(payload)
-        pixels = decoded.resized()
-        self.augment(pixels, random.getrandbits(63))
-        return Decoded(pixels, (0, 0, decoded.size, decoded.size), False, decoded.size)
+        decoded = self.transform(payload).whole()
+        self.augment(decoded.pixels, random.getrandbits(63))
+        return decoded
 
 
 def augmented(name: str, transform: Callable, decoder, augment: Augment) -> Augmented:

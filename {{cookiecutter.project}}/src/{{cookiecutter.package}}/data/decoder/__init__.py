@@ -106,6 +106,10 @@ class Decoded:
         self.resize_into(out)
         return out
 
+    def whole(self) -> "Decoded":
+        """The crop resized into pixels of its own: a Decoded whose box is all of them, mirrored already."""
+        return Decoded(self.resized(), (0, 0, self.size, self.size), False, self.size)
+
 
 def dct_scale(shrink: float) -> int:
     """The largest libjpeg DCT scale denominator (1, 2, 4, 8) that does not shrink below `shrink`."""
@@ -186,4 +190,4 @@ class DecodeCrop:
             return decoded
         # A whole image decoded for a crop of it (a decoder without region decode) is resized now: a batch of them
         # would hold every photo whole until the collate.
-        return Decoded(decoded.resized(), (0, 0, decoded.size, decoded.size), False, decoded.size)
+        return decoded.whole()
