@@ -30,11 +30,11 @@ def accumulated_gradient(model: torch.nn.Module, inputs: torch.Tensor, labels: t
     for start in range(0, len(inputs), batch):
         with accumulation.syncing(model):
             loss = torch.nn.functional.cross_entropy(model(inputs[start:start + batch]), labels[start:start + batch])
-            accumulation.add(loss).backward()
-        if accumulation.due:  # as the loop steps the optimizer
-            accumulation.finish(optimizer, world)
+            accumulation.add(loss, len(labels[start:start + batch])).backward()
+        if accumulation.due:  # as the loop steps the optimizer: it trains the group's images
+            assert accumulation.finish(optimizer, world) == batch * accumulation.batches
     if accumulation.pending:  # as the loop ends an epoch
-        accumulation.finish(optimizer, world)
+        assert accumulation.finish(optimizer, world) == len(inputs) % (batch * accumulation.batches)
     return getattr(model, "module", model).weight.grad.clone()
 
 

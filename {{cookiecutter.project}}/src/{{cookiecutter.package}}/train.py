@@ -141,15 +141,14 @@ def step(run: Run, loss: torch.Tensor) -> None:
     """The optimizer step, from the gradients of the batches since the last one (`loss`: the last batch's), and the
     counts. A checkpoint is consistent before `run.updating` is set and after it is cleared, never in between; images
     whose gradients a failure loses before their step are not counted trained, so a resumed run trains them again."""
-    run.accumulation.finish(run.optimizer, run.world)  # a short last group: the mean of its batches, all processes'
+    images = run.accumulation.finish(run.optimizer, run.world)  # a short last group: the mean of its batches
     run.precision.clip(run.optimizer, run.clip_grad_norm)  # on the real gradients: fp16's are unscaled first
     run.updating = True
     run.precision.apply(loss, run.optimizer, run.step)  # the optimizer's step through the loss scaler
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
     run.average.update(run.model)
-    run.step, run.images_in_epoch = run.step + 1, run.images_in_epoch + run.pending_images * run.world.size
-    run.pending_images = 0
+    run.step, run.images_in_epoch = run.step + 1, run.images_in_epoch + images * run.world.size
     run.updating = False
 
 
@@ -169,8 +168,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
             with run.precision.autocast():
                 output = run.model(inputs)
                 loss = run.criterion(output, targets)
-            run.precision.backward(run.accumulation.add(loss))  # each batch's share of the step's loss
-        run.pending_images += len(labels)
+            run.precision.backward(run.accumulation.add(loss, len(labels)))  # the batch's share of the step's loss
         stepped = run.accumulation.due
         if stepped:
             step(run, loss)
@@ -183,7 +181,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
             break
     else:
         batches_left = 0  # the loader ran out, whatever its len said (a restriped stream may count the whole epoch)
-        if run.pending_images:  # the epoch's last, shorter group of train.accumulate
+        if run.accumulation.pending:  # the epoch's last, shorter group of train.accumulate
             step(run, loss)
     end_window(run, bar)
     bar.close()

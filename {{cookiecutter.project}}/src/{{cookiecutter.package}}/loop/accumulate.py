@@ -17,15 +17,16 @@ class GradientAccumulation:
     def __init__(self, batches: int):
         self.batches = batches
         self.pending = 0  # batches whose gradients wait for the next optimizer step
+        self.images = 0  # and their images, this process's
 
     def syncing(self, model: torch.nn.Module) -> AbstractContextManager:
         """Around a batch's forward and backward: DistributedDataParallel all-reduces only on the step's last."""
         last = self.pending + 1 == self.batches
         return nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
 
-    def add(self, loss: torch.Tensor) -> torch.Tensor:
-        """The share of the step's loss that this batch's backward takes."""
-        self.pending += 1
+    def add(self, loss: torch.Tensor, images: int) -> torch.Tensor:
+        """The share of the step's loss that this batch of `images` images backs up."""
+        self.pending, self.images = self.pending + 1, self.images + images
         return loss / self.batches
 
     @property
@@ -33,12 +34,14 @@ class GradientAccumulation:
         """The step's batches are all in."""
         return self.pending == self.batches
 
-    def finish(self, optimizer: torch.optim.Optimizer, world: World) -> None:
-        """Before the optimizer steps: a short group's gradients made the mean of its batches, and the processes'."""
+    def finish(self, optimizer: torch.optim.Optimizer, world: World) -> int:
+        """Before the optimizer steps: a short group's gradients made the mean of its batches, and the processes'.
+        The group's images, which the step trains, this process's; the next group starts empty."""
         if self.pending < self.batches:
             grads = [param.grad for group in optimizer.param_groups for param in group["params"]
                      if param.grad is not None]
             for grad in grads:
                 world.sum(grad)
             torch._foreach_mul_(grads, self.batches / (self.pending * world.size))
-        self.pending = 0
+        images, self.pending, self.images = self.images, 0, 0
+        return images

@@ -60,7 +60,6 @@ class Run:
     epoch: int = 0
     step: int = 0
     images_in_epoch: int = 0  # images of the current epoch all processes together trained on
-    pending_images: int = 0  # this process's images whose gradients wait for the next optimizer step
     windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
     resumed_windows: int = 0  # of `windows`, those of the run this one resumed
     setup: dict[str, float] = field(default_factory=dict)  # this run's seconds before its first step, by stage
