@@ -18,14 +18,19 @@ class WeightAverage:
         if not 0 <= decay < 1:
             raise ConfigError(f"train.ema_decay={decay}: the average keeps this share of itself each step, so it "
                               "must be below 1; try 0.9998 (timm's default), or 0 to validate the live weights")
-        self.decay, self.updates = decay, 0
+        self.decay = decay
         self.average = AveragedModel(distributed.unwrap(model), multi_avg_fn=self.blend, use_buffers=True) \
             if decay else None
         # What validation scores: the average, or, without one, the model being trained.
         self.model = self.average if self.average is not None else model
 
+    @property
+    def updates(self) -> int:
+        """The updates averaged so far: AveragedModel's count, which it keeps on the CPU, so reading it is no sync."""
+        return int(self.average.n_averaged) if self.average is not None else 0
+
     def blend(self, averaged: list[torch.Tensor], current: list[torch.Tensor], _) -> None:
-        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))  # before this update
         if averaged[0].is_floating_point():
             torch._foreach_lerp_(averaged, current, 1 - decay)
         else:  # BatchNorm's batch counts: the live one
@@ -35,7 +40,6 @@ class WeightAverage:
         """After an optimizer step of `model`."""
         if self.average is not None:
             self.average.update_parameters(distributed.unwrap(model))
-            self.updates += 1
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The averaged model's state dict, with the live model's keys; empty without an average."""
@@ -49,4 +53,3 @@ class WeightAverage:
         if self.average is not None and state:
             self.average.module.load_state_dict(state["weights"])
             self.average.n_averaged.fill_(state["updates"])
-            self.updates = state["updates"]
