@@ -109,10 +109,14 @@ def table(rows: list[Row], reference_row: Row) -> str:
     return "\n".join(lines) + "\n"
 
 
-def timed(run) -> tuple[float, float]:
-    start = time.perf_counter()
-    value = run()
-    return value, (time.perf_counter() - start) / 60
+def measured(name: str, seeds: list[int], run) -> Row:
+    """A row: run(seed), the top-1 of one training run, timed for each seed."""
+    row = Row(name)
+    for seed in seeds:
+        start = time.perf_counter()
+        row.top1.append(run(seed))
+        row.minutes.append((time.perf_counter() - start) / 60)
+    return row
 
 
 def main() -> None:
@@ -141,21 +145,12 @@ def main() -> None:
                             f"pack.out={packs / format}", *settings], check=True, stdout=subprocess.DEVNULL)
     rows = []
     if script is not None:
-        row = Row("torchvision's references/classification/train.py")
-        for seed in args.seeds:
-            top1, minutes = timed(lambda: reference(script, args.root, args.epochs, args.work / f"reference-{seed}",
-                                                    args.device, args.workers))
-            row.top1.append(top1)
-            row.minutes.append(minutes)
-        rows.append(row)
+        rows.append(measured("torchvision's references/classification/train.py", args.seeds, lambda seed: reference(
+            script, args.root, args.epochs, args.work / f"reference-{seed}", args.device, args.workers)))
     for name in args.variants:
-        row = Row(name)
-        for seed in args.seeds:
-            run_dir = args.work / "runs" / re.sub(r"\W+", "-", name).strip("-") / f"seed{seed}"
-            top1, minutes = timed(lambda: ours(args.root, VARIANTS[name], seed, args.epochs, run_dir, packs))
-            row.top1.append(top1)
-            row.minutes.append(minutes)
-        rows.append(row)
+        runs = args.work / "runs" / re.sub(r"\W+", "-", name).strip("-")
+        rows.append(measured(name, args.seeds, lambda seed: ours(args.root, VARIANTS[name], seed, args.epochs,
+                                                                 runs / f"seed{seed}", packs)))
     written = table(rows, rows[0])
     print(written)
     if args.out:  # whole or not at all

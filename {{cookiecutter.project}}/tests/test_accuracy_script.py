@@ -41,3 +41,9 @@ def test_a_row_further_than_twice_the_larger_spread_from_the_reference_is_marked
     lines = accuracy.table([reference, close, far], reference).splitlines()
     assert lines[2].startswith("| reference | 90.00, 91.00, 92.00 | 91.00 | 1.00 | (the reference) |")
     assert "| yes |" in lines[3] and "| **no** |" in lines[4]
+
+
+def test_a_row_holds_each_seeds_top1_in_turn_and_its_minutes():
+    row = accuracy.measured("a row", [3, 1], lambda seed: 90.0 + seed)
+    assert row.name == "a row" and row.top1 == [93.0, 91.0] and len(row.minutes) == 2
+    assert all(minutes >= 0 for minutes in row.minutes)
