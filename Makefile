@@ -16,7 +16,7 @@ DEMO_PROJECT := $(DEMO_DIR)/fasttrain-project
 # ending with its report (cpu_quick's three epochs left top-1 between 70% and 94% over three seeds, six between
 # 98% and 100%). The start reads from a simulated slow disk (each image 10 ms late, in the loader), so that it
 # waits for data on any CPU, however fast it decodes.
-DEMO_START := +experiment=cpu_quick loader.num_workers=0 decoder=pil faults.read_delay_ms=10
+DEMO_START := experiment=cpu_quick loader.num_workers=0 decoder=pil faults.read_delay_ms=10
 DEMO_RUNS := outputs/demo
 BASE_DIR := build/base
 BASE_PROJECT := $(BASE_DIR)/fasttrain-project

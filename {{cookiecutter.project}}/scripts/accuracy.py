@@ -1,12 +1,12 @@
 """Accuracy tables on a real data set: this project's loop against torchvision's reference recipe, and each fast path
 against this project's reference pipeline, each row trained once per seed. A benchmark, not a timed test: each run
-of +experiment=fashion_mnist trains 10 epochs of 60,000 images, so the whole table takes hours on a few CPU cores.
+of experiment=fashion_mnist trains 10 epochs of 60,000 images, so the whole table takes hours on a few CPU cores.
 
     python scripts/fashion_mnist.py /data/fashion-mnist
     python scripts/accuracy.py /data/fashion-mnist --work /tmp/accuracy --seeds 0 1 2 \\
         --reference ~/vision/references/classification --out accuracy.md
 
-Every row trains `+experiment=fashion_mnist` with its overrides (ResNet-18, 28-pixel crops, batch 128, SGD with
+Every row trains `experiment=fashion_mnist` with its overrides (ResNet-18, 28-pixel crops, batch 128, SGD with
 Nesterov momentum at lr 0.2, a linear warm-up of one epoch then cosine decay, label smoothing 0.1). The reference
 row runs torchvision's `references/classification/train.py` from a checkout of torchvision (`--reference`; this
 project holds none of its code) with the same settings, as far as its flags go: its schedule steps once per epoch
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PACKAGE = "{{ cookiecutter.package }}"
-RECIPE = "+experiment=fashion_mnist"
+RECIPE = "experiment=fashion_mnist"
 SHORT_SIDE = 32  # format=tensor keeps the images at this shorter side: the validation resize, so no detail is lost
 
 # The reference pipeline (decoder=pil: Pillow, as torchvision's reference decodes) first, then one fast path a row.
@@ -76,7 +76,7 @@ def ours(root: Path, variant: list[str], seed: int, epochs: int, run_dir: Path, 
 
 
 def reference_command(script: Path, root: Path, epochs: int, out: Path, device: str, workers: int) -> list[str]:
-    """torchvision's reference train.py with +experiment=fashion_mnist's settings."""
+    """torchvision's reference train.py with experiment=fashion_mnist's settings."""
     return [sys.executable, str(script), f"--data-path={root}", "--model=resnet18", f"--epochs={epochs}",
             "--batch-size=128", "--opt=sgd_nesterov", "--lr=0.2", "--momentum=0.9", "--wd=5e-5",
             "--norm-weight-decay=0", "--label-smoothing=0.1", "--lr-scheduler=cosineannealinglr",

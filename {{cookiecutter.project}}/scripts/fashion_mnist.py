@@ -5,7 +5,7 @@ clothes, 28x28 grayscale, 10 classes (Expat licence). A real data set, small eno
     python scripts/fashion_mnist.py /data/fashion-mnist                     # from Debian's dataset-fashion-mnist
     python scripts/fashion_mnist.py /data/fashion-mnist --idx DIR           # from the four IDX files in DIR
     python scripts/fashion_mnist.py /data/fashion-mnist --download DIR      # torchvision downloads them into DIR
-    python -m {{ cookiecutter.package }}.train +experiment=fashion_mnist data.root=/data/fashion-mnist
+    python -m {{ cookiecutter.package }}.train experiment=fashion_mnist data.root=/data/fashion-mnist
 
 The tree is written under a temporary name and renamed when complete; a folder that exists is never written into.
 Class folders are numbered as the IDX labels are (0_t-shirt_top ... 9_ankle_boot), so their sorted order is the
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {refused}", file=sys.stderr)
         return 1
     print(f"wrote {counts['train']} training and {counts['val']} validation images of {len(CLASSES)} classes to "
-          f"{args.out}; train with: python -m {{ cookiecutter.package }}.train +experiment=fashion_mnist "
+          f"{args.out}; train with: python -m {{ cookiecutter.package }}.train experiment=fashion_mnist "
           f"data.root={args.out}")
     return 0
 

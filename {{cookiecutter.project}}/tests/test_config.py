@@ -200,7 +200,7 @@ RUNTIME = {
 }
 
 
-OVERLAYS = {"experiment": "+", "debug": ""}  # groups of values laid over the whole config, not objects to build
+OVERLAYS = {"experiment", "debug"}  # groups of values laid over the whole config, not objects to build
 
 
 def test_every_group_has_a_check():
@@ -227,7 +227,7 @@ def test_recipe_and_debug_overlays_compose_with_what_they_set(group, option):
 
     overlay = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", [f"{OVERLAYS[group]}{group}={option}"])
+        cfg = compose("train", [f"{group}={option}"])
     for key, value in settings_of(overlay):
         assert OmegaConf.select(cfg, key) == value, key
     check_ranges(cfg)  # every number a recipe sets is in its key's range
@@ -242,7 +242,7 @@ def test_imagenet_recipe_scales_the_learning_rate_with_the_global_batch(monkeypa
     def lr(processes: int) -> float:
         monkeypatch.setenv("WORLD_SIZE", str(processes))
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return compose("train", ["+experiment=imagenet_resnet50"]).optim.lr
+            return compose("train", ["experiment=imagenet_resnet50"]).optim.lr
 
     assert lr(1) == pytest.approx(0.1 * 128 / 256) and lr(8) == pytest.approx(0.1 * 1024 / 256)
 
@@ -397,7 +397,7 @@ def test_a_key_no_option_reads_is_refused_in_one_line_naming_the_one_meant(added
 
 @pytest.mark.parametrize("option", options.options("experiment"))
 def test_every_recipe_added_with_a_plus_passes_the_checks(option, tmp_path):
-    with hydra_run("train", [f"+experiment={option}"], tmp_path) as cfg:
+    with hydra_run("train", [f"experiment={option}"], tmp_path) as cfg:
         check(cfg)
 
 

@@ -53,7 +53,7 @@ def test_the_tree_holds_each_image_under_its_label_with_its_pixels(tmp_path):
     splits = write_idx(tmp_path / "idx", {"train": 3, "val": 2}, gzipped=True)
     result = script(tmp_path / "tree", "--idx", tmp_path / "idx", "--train-per-class", 2)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith(f"+experiment=fashion_mnist data.root={tmp_path / 'tree'}")
+    assert result.stdout.strip().endswith(f"experiment=fashion_mnist data.root={tmp_path / 'tree'}")
     folders = sorted(path.name for path in (tmp_path / "tree/train").iterdir())
     assert folders == ["0_t-shirt_top", "1_trouser", "2_pullover", "3_dress", "4_coat", "5_sandal", "6_shirt",
                        "7_sneaker", "8_bag", "9_ankle_boot"]
@@ -109,7 +109,7 @@ def test_the_recipe_learns_the_real_data_set_above_chance(tmp_path):
     """A slice of Debian's files, 100 training and 20 validation images a class, and two epochs of the recipe."""
     result = script(tmp_path / "tree", "--train-per-class", 100, "--val-per-class", 20)
     assert result.returncode == 0, result.stderr
-    run = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", "+experiment=fashion_mnist",
+    run = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", "experiment=fashion_mnist",
                           f"data.root={tmp_path / 'tree'}", "train.epochs=2", "train.batch_size=32",
                           "loader.num_workers=1", f"hydra.run.dir={tmp_path / 'run'}"],
                          cwd=PROJECT, capture_output=True, text=True, timeout=900, env={**os.environ, **CPU_ONLY, **QUIET})

@@ -19,12 +19,12 @@ def no_resume_left_behind(monkeypatch):
 def test_a_resume_restores_the_runs_overrides_under_the_ones_given_with_it(tmp_path, monkeypatch):
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
-    started = ["data=folder", "data.root=/photos", "model.name=resnet18", "train.epochs=3", "+experiment=cpu_quick"]
+    started = ["data=folder", "data.root=/photos", "model.name=resnet18", "train.epochs=3", "experiment=cpu_quick"]
     (run / ".hydra/overrides.yaml").write_text(yaml.safe_dump(started))
     argv, note = record.restored(["train.py", "--config-dir", "mine", "resume=auto", f"hydra.run.dir={run}",
                                   "train.epochs=5"])
     assert argv == ["train.py", "--config-dir", "mine", "data=folder", "data.root=/photos", "model.name=resnet18",
-                    "+experiment=cpu_quick", "resume=auto", f"hydra.run.dir={run}", "train.epochs=5",
+                    "experiment=cpu_quick", "resume=auto", f"hydra.run.dir={run}", "train.epochs=5",
                     "hydra.output_subdir=null"]
     assert note.endswith("given now: resume=auto hydra.run.dir=" + str(run) + " train.epochs=5")
     assert yaml.safe_load((run / ".hydra/overrides.yaml").read_text()) == started  # the record stays the run's own

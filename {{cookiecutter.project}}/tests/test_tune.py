@@ -58,14 +58,14 @@ def test_a_starved_run_gets_faster_and_its_tuned_yaml_trains(tmp_path, cache_dir
         assert "not tried: format=tensor decoder=none" in out and "less than tune.min_gain" in out
     if FASTEST != "bf16":
         assert not any("precision=bf16" in row["overrides"] for row in rows), "emulated bf16 is never trialled"
-    assert "before: " in out and "after: " in out and "+experiment=tuned" in out
+    assert "before: " in out and "after: " in out and "experiment=tuned" in out
     assert "batch size" in out  # it says what it never changes
     assert (tmp_path / "tune/tune.png").stat().st_size > 0 and (tmp_path / "tune/tune.md").is_file()
 
     tuned = dict(override.split("=") for override in path[-1].split())
     run_dir = tmp_path / "tuned"  # the command tune printed: its folder as a config dir, the overlay on top
     done = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", "--config-dir", str(tmp_path / "tune"),
-                           "+experiment=tuned", *tiny(("faults.read_delay_ms=25", "train.batch_size=8"), cache_dir,
+                           "experiment=tuned", *tiny(("faults.read_delay_ms=25", "train.batch_size=8"), cache_dir,
                                                       tiny_root), f"hydra.run.dir={run_dir}"],
                           cwd=PROJECT, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -139,7 +139,7 @@ def test_tuned_overlay_sets_groups_as_overrides_and_keys_as_values_on_top_of_the
     (tmp_path / "experiment").mkdir()
     kept = {"decoder": "opencv", "precision": "bf16", "loader.num_workers": "3", "model.channels_last": "true"}
     (tmp_path / "experiment/tuned.yaml").write_text(tuned_overlay(kept, "cpu_quick", 10.0, 20.0, "cpu"))
-    shown = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", "--config-dir", str(tmp_path), "+experiment=tuned",
+    shown = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", "--config-dir", str(tmp_path), "experiment=tuned",
                             "--cfg", "all"], cwd=PROJECT, capture_output=True, text=True, timeout=120,
                            env={**os.environ, **QUIET})
     assert shown.returncode == 0, shown.stderr[-2000:]

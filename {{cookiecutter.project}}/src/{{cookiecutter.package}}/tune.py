@@ -1,7 +1,7 @@
 """From the bottleneck to a faster configuration, measured: short trials of the switches a run's verdict names.
 
     python -m {{ cookiecutter.package }}.tune model.name=resnet18 data.crop_size=64 loader.num_workers=0 decoder=pil
-    torchrun --standalone --nproc-per-node=8 -m {{ cookiecutter.package }}.tune +experiment=gpu_fast data=folder data.root=...
+    torchrun --standalone --nproc-per-node=8 -m {{ cookiecutter.package }}.tune experiment=gpu_fast data=folder data.root=...
 
 It takes the overrides you train with. Each trial is the training command with them, a candidate change and
 `tune.steps` steps; only switches of speed are tried, never what is learned. The run folder gets tune.md,

@@ -208,7 +208,8 @@ def check(cfg: DictConfig) -> None:
     """
     hydra_cfg = HydraConfig.get()
     appended = {override.split("=")[0] for override in hydra_cfg.overrides.task if override.startswith("+")}
-    choices = [f"{'+' if f'+{group}' in appended else ''}{group}={option}"  # +experiment=...: not in defaults
+    # A group the defaults list lacks (a user's own, from --config-dir) is added with +, and is again here.
+    choices = [f"{'+' if f'+{group}' in appended else ''}{group}={option}"
                for group, option in hydra_cfg.runtime.choices.items()
                if not group.startswith("hydra") and option is not None]
     defaults = compose(hydra_cfg.job.config_name, overrides=choices)

@@ -37,7 +37,7 @@ def unknown_added(hydra_cfg: DictConfig, plain: dict, choices: list[str]) -> str
     for override in hydra_cfg.overrides.task:
         key, _, value = override.lstrip("+").partition("=")
         if not override.startswith("+") or key.split("@")[0] in hydra_cfg.runtime.choices or has(plain, key):
-            continue  # a group picked with +, such as +experiment=..., or a key an option declares
+            continue  # a group added with + (a user's own), or a key an option declares
         group = key.split(".")[0]
         if hydra_cfg.runtime.choices.get(group) is not None:
             readers = options_reading(hydra_cfg.job.config_name, choices, group, key)

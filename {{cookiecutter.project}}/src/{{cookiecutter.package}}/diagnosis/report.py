@@ -140,7 +140,8 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float | None, hydra_
     says which options were picked and with which overrides."""
     total, system, timing_rank, splits = run_totals(run.windows, run.world)
     ranks = [RankTimes(rank, host, split) for rank, (host, split) in enumerate(zip(run.world.hosts(), splits))]
-    choices = {group: option for group, option in hydra_cfg.runtime.choices.items() if not group.startswith("hydra")}
+    choices = {group: option for group, option in hydra_cfg.runtime.choices.items()
+               if not group.startswith("hydra") and option is not None}  # experiment: null, no recipe
     settings = Settings(num_workers=run.loaders.num_workers, prefetch_factor=cfg.loader.prefetch_factor,
                         pin_memory=cfg.loader.pin_memory, persistent_workers=cfg.loader.persistent_workers,
                         batch_size=cfg.train.batch_size, log_every=cfg.train.log_every, precision=cfg.precision,

@@ -1,6 +1,6 @@
 """The network: `model=<option>`, an architecture by name that starts from random weights, from its library's own
 (`model.weights=DEFAULT` with torchvision, `pretrained` with timm) or from a local file, its classifier head then
-fitted to the data's classes. Pick weights to fine-tune on a data set of your own (`+experiment=finetune`).
+fitted to the data's classes. Pick weights to fine-tune on a data set of your own (`experiment=finetune`).
 
 What every option shares lives here: reading a weights file (a state_dict, a .safetensors file, or a checkpoint
 this project wrote, which brings the preprocessing its weights were trained with), finding the head generically

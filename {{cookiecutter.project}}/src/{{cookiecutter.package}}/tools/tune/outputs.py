@@ -99,12 +99,12 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
 
 def write_command(best: Config, start_rate: float, run_dir: Path, given: list[str], device: str) -> str:
     """experiment/tuned.yaml, on top of the recipe tuned from, and command.txt, the command that trains with it."""
-    base = next((override.split("=", 1)[1] for override in given if override.startswith("+experiment=")), None)
+    base = next((override.split("=", 1)[1] for override in given if override.startswith("experiment=")), None)
     (run_dir / "experiment").mkdir(exist_ok=True)
     (run_dir / "experiment/tuned.yaml").write_text(tuned_overlay(best.settings, base, start_rate, best.rate, device))
     keep = [override for override in given
-            if override.split("=")[0].lstrip("+~") not in best.settings and not override.startswith("+experiment=")]
-    command = " ".join([f"python -m {options.PACKAGE}.train", f"--config-dir {run_dir}", "+experiment=tuned", *keep])
+            if override.split("=")[0].lstrip("+~") not in best.settings and not override.startswith("experiment=")]
+    command = " ".join([f"python -m {options.PACKAGE}.train", f"--config-dir {run_dir}", "experiment=tuned", *keep])
     (run_dir / "command.txt").write_text(command + "\n")
     return command
 
