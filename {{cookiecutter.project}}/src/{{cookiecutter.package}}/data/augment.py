@@ -10,24 +10,15 @@ the workers (nvjpeg, dali), is refused with one.
 """
 import random
 from collections.abc import Callable
-from typing import Protocol
 
 import numpy as np
 import torch
 from torchvision.transforms import v2
 
 from .. import options
+from ..contracts import Augment
 from ..core.config import ConfigError
 from .decoder import CpuDecoder, Decoded
-
-
-class Augment(Protocol):
-    """The contract: an option builds the training transform wrapped in `Augmented(transform, policy)`, or the
-    transform as it is."""
-
-    def __call__(self, pixels: np.ndarray, seed: int) -> None:
-        """Change a training crop's HWC uint8 RGB pixels in place, drawing at random only from `seed`, which the
-        crop's (seed, epoch, image) gives."""
 
 
 class Policy:

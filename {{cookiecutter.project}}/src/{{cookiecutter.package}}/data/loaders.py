@@ -75,7 +75,7 @@ def training_worker_start(prefetch_factor: int) -> Callable[[int], None]:
 
 
 class SampledLoader(DataLoader):
-    """A DataLoader over our samplers, a `ResumableLoader` (contracts.py). Where an epoch stands is all a resumed
+    """A DataLoader over our samplers, a `ResumableLoader` (contracts/). Where an epoch stands is all a resumed
     run needs, since augmentation is seeded per image, and the layout of readers the epoch's order was drawn for.
 
     With workers kept between epochs, one iterator of the DataLoader runs over the batches of epoch after epoch

@@ -1,4 +1,4 @@
-"""In which order an epoch visits the training images: `order=<option>`, an `Order` (contracts.py) each.
+"""In which order an epoch visits the training images: `order=<option>`, an `Order` (contracts/) each.
 
 `order=random` draws every image anywhere in the data set: one small read per image, which a local SSD or
 the page cache serve at no cost and a spinning disk or a network share at a seek or a round trip each.

@@ -1,6 +1,6 @@
 """How batches reach the device: `prefetcher=none|thread|cuda_stream|resident`.
 
-Each is a `Prefetcher` (contracts.py): it wraps the loader, keeps its len and place in the epoch, and yields
+Each is a `Prefetcher` (contracts/): it wraps the loader, keeps its len and place in the epoch, and yields
 (normalised images, labels) on the device.
 - `none`: copy and normalise in the training thread, just before the step.
 - `thread`: a background thread keeps `depth` batches copied and normalised ahead (pick when the host

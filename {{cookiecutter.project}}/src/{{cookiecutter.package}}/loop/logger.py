@@ -1,5 +1,5 @@
 """Where the per-window numbers go: TensorBoard, JSON lines (`logger=jsonl`), or nowhere (`logger=none`); each a
-`Logger` (contracts.py)."""
+`Logger` (contracts/)."""
 import json
 import logging
 from collections.abc import Iterator

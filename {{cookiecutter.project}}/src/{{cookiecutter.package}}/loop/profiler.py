@@ -1,4 +1,4 @@
-"""Optional profiling of the training loop; each profiler is a `Profiler` (contracts.py): a context manager with a
+"""Optional profiling of the training loop; each profiler is a `Profiler` (contracts/): a context manager with a
 per-step `step()`."""
 import cProfile
 import logging

@@ -1,5 +1,5 @@
 """Writing a checkpoint's model as a file for serving, behind `python -m <package>.export format=...`: one class per
-format (conf/export/format/<option>.yaml names it), each an `Exporter` (contracts.py) that writes the file and loads
+format (conf/export/format/<option>.yaml names it), each an `Exporter` (contracts/) that writes the file and loads
 it back, so the command checks the file's outputs against the checkpoint's before it says it is done.
 
 Every format takes what the checkpoint's model takes, a float32 NCHW batch normalised as model.json says, of any

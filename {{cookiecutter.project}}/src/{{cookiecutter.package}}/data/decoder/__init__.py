@@ -4,7 +4,7 @@ Every decoder turns encoded bytes into the same thing, an RGB uint8 crop, and th
 tolerance: the crop geometry and the final resize are shared, only the decode differs. None of them
 applies EXIF orientation, like the PIL path ImageNet models have always been trained with.
 
-Two kinds keep the `Decoder` contract (contracts.py):
+Two kinds keep the `Decoder` contract (contracts/):
 - a CPU decoder subclasses `CpuDecoder` and implements `decode(data, shrink)`; it may say which files it
   `reads` (Pillow decodes the others), read the size from the header faster than Pillow does, and decode only
   the crop's region (`decode_box`). The loader's workers decode, at 1/2, 1/4 or 1/8 scale where the decoder

@@ -1,4 +1,4 @@
-"""Where the images are read from: `format=<option>`, one module here each, building `Stores` (contracts.py);
+"""Where the images are read from: `format=<option>`, one module here each, building `Stores` (contracts/);
 `python -m <package>.pack` writes the packed ones.
 
 A packed data set is a folder holding one file per split and `pack.json`, written last, that names the

@@ -1,27 +1,5 @@
-"""What an option of each kind must do. Read this module first.
-
-Every option is one YAML file, conf/<group>/<option>.yaml, and one small module. The generic code (the
-loader assembly, the loop, the report, the tools) sees only the contracts below, and asks an option's facts
-(options.py) what it can do; it never compares an option's name.
-
-| group        | contract                         | the options                               |
-|--------------|----------------------------------|-------------------------------------------|
-| `format`     | `Store`, two of them in `Stores` | data/format/<option>.py                   |
-| `decoder`    | `Decoder`                        | data/decoder/<option>.py                  |
-| `staging`    | `Staging`                        | data/staging.py                           |
-| `order`      | `Order`                          | data/order.py                             |
-| `augment`    | `Augment`, in its own module     | data/augment.py                           |
-| `prefetcher` | `Prefetcher`                     | data/prefetcher.py                        |
-| `logger`     | `Logger`                         | loop/logger.py                            |
-| `profiler`   | `Profiler`                       | loop/profiler.py                          |
-| `model`      | `Network`                        | loop/model/<option>.py                    |
-
-A format that shards, shuffles and keeps its own place in the stream (litdata) also brings its training
-loader, a `ResumableLoader`, as the loader assembly's own is (data/loaders.py).
-
-Whatever the options, a batch reaching the training step is (normalised float images on the device,
-labels): workers produce uint8 HWC crops (or encoded bytes, for GPU decoders) and the device does the rest.
-"""
+"""The data options' contracts, in the order a training batch meets them (../data/README.md): the crop, the
+store a format builds, the order, the decoder and its augmentation, the staging, the loader and the prefetcher."""
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
@@ -34,8 +12,7 @@ import torch
 from torch.utils.data import default_collate
 
 if TYPE_CHECKING:
-    from .data.coverage import EpochTrace
-    from .loop.model import Pretrained
+    from ..data.coverage import EpochTrace
 
 Box = tuple[float, float, float, float]  # left, top, right, bottom, in pixels of the full-size image
 Run = tuple[int, int]  # consecutive records start..stop-1, which one loader worker reads in one request
@@ -184,6 +161,15 @@ class Decoder(ABC):
         """Refuse at start-up a device this decoder cannot feed."""
 
 
+class Augment(Protocol):
+    """An `augment` option's policy: the option builds the training transform wrapped with it (data/augment.py), or the
+    transform as it is."""
+
+    def __call__(self, pixels: np.ndarray, seed: int) -> None:
+        """Change a training crop's HWC uint8 RGB pixels in place, drawing at random only from `seed`, which the
+        crop's (seed, epoch, image) gives."""
+
+
 class Staging(Protocol):
     def __call__(self, source: Path) -> Path:
         """Where to read `source` from: a copy of it, or itself."""
@@ -248,52 +234,3 @@ class Prefetcher(ABC):
     def __iter__(self) -> Iterator[Batch]:
         """The epoch's batches, on the device."""
 
-
-@dataclass(frozen=True, kw_only=True)
-class Preprocessing:
-    """An image as a model's input: its shorter side resized to `resize`, the centre `crop_size` square cut (training
-    cuts random crops of that side), then each channel normalised as (x / 255 - mean) / std."""
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-    crop_size: int
-    resize: int
-
-
-class Network(ABC):
-    """A `model` option: an architecture by name and its library's weights (files and heads: loop/model/__init__.py)."""
-    name: str
-    weights: str | None  # model.weights: a name the library knows, or a local file; None: random
-    num_classes: int  # 0: the data's
-
-    @abstractmethod
-    def architecture(self, classes: int) -> torch.nn.Module:
-        """The model with `classes` outputs, randomly initialised."""
-
-    @abstractmethod
-    def library_weights(self) -> "Pretrained":
-        """The weights model.weights names in the library's words, which it downloads once, into its cache."""
-
-
-class Exporter(Protocol):
-    """An export format (conf/export/format/): writes a model for batches like `example`; loads the file back to run."""
-    suffix: str
-
-    def write(self, model: torch.nn.Module, example: torch.Tensor, path: Path) -> None: ...
-    def load(self, path: Path) -> Callable[[torch.Tensor], torch.Tensor]: ...
-
-
-class Logger(Protocol):
-    """Where each logging window's figures go. A write that fails raises `core.files.WriteError`, naming the file;
-    `close` runs on every way out of the run, a failure's included, and logs what it cannot write instead."""
-
-    def scalars(self, values: dict[str, float], step: int) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class Profiler(Protocol):
-    """A context manager around the training epochs, told of every step."""
-
-    def __enter__(self) -> "Profiler": ...
-    def __exit__(self, *exc) -> None: ...
-    def step(self) -> None: ...

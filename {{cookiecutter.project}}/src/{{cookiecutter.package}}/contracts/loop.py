@@ -1,0 +1,62 @@
+"""The run's contracts: how a model's inputs are prepared, the model option, and where the loop's figures and
+profiles go; and the export formats' contract."""
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from ..loop.model import Pretrained
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preprocessing:
+    """An image as a model's input: its shorter side resized to `resize`, the centre `crop_size` square cut (training
+    cuts random crops of that side), then each channel normalised as (x / 255 - mean) / std."""
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    crop_size: int
+    resize: int
+
+
+class Network(ABC):
+    """A `model` option: an architecture by name and its library's weights (files and heads: loop/model/__init__.py)."""
+    name: str
+    weights: str | None  # model.weights: a name the library knows, or a local file; None: random
+    num_classes: int  # 0: the data's
+
+    @abstractmethod
+    def architecture(self, classes: int) -> torch.nn.Module:
+        """The model with `classes` outputs, randomly initialised."""
+
+    @abstractmethod
+    def library_weights(self) -> "Pretrained":
+        """The weights model.weights names in the library's words, which it downloads once, into its cache."""
+
+
+class Exporter(Protocol):
+    """An export format (conf/export/format/): writes a model for batches like `example`; loads the file back to run."""
+    suffix: str
+
+    def write(self, model: torch.nn.Module, example: torch.Tensor, path: Path) -> None: ...
+    def load(self, path: Path) -> Callable[[torch.Tensor], torch.Tensor]: ...
+
+
+class Logger(Protocol):
+    """Where each logging window's figures go. A write that fails raises `core.files.WriteError`, naming the file;
+    `close` runs on every way out of the run, a failure's included, and logs what it cannot write instead."""
+
+    def scalars(self, values: dict[str, float], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Profiler(Protocol):
+    """A context manager around the training epochs, told of every step."""
+
+    def __enter__(self) -> "Profiler": ...
+    def __exit__(self, *exc) -> None: ...
+    def step(self) -> None: ...
