@@ -5,7 +5,9 @@ import torch
 from {{ cookiecutter.package }}.core import files
 from {{ cookiecutter.package }}.core.config import ConfigError
 from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.contracts import Preprocessing
 from {{ cookiecutter.package }}.loop import checkpoint
+from {{ cookiecutter.package }}.loop.run import Progress
 
 
 def test_save_and_load_round_trip(tmp_path):
@@ -103,51 +105,87 @@ class NodeWithoutTheCheckpoint:
 
 
 def test_processes_that_disagree_on_the_checkpoint_refuse_to_resume(tmp_path):
-    checkpoint.save({"step": 4}, tmp_path / "last.pt")
+    checkpoint.save({"progress": Progress(step=4).state_dict()}, tmp_path / "last.pt")
     with pytest.raises(ConfigError, match="storage that all of them share"):
         checkpoint.resume_state("auto", tmp_path, NodeWithoutTheCheckpoint())
     path, state = checkpoint.resume_state(None, tmp_path, NodeWithoutTheCheckpoint())  # neither resumes
     assert path is None and state is None
     path, state = checkpoint.resume_state("auto", tmp_path, World(0, 0, 1, torch.device("cpu")))
-    assert path == tmp_path / "last.pt" and state["step"] == 4
+    assert path == tmp_path / "last.pt" and state["progress"]["step"] == 4
+
+
+class Held:
+    """A checkpoint part holding a given state."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = state
+
+
+INFERENCE = checkpoint.Inference(classes=["cat", "dog"], model={"name": "resnet18"},
+                                 preprocessing=Preprocessing(mean=(0.5,) * 3, std=(0.2,) * 3, crop_size=32, resize=36))
+
+
+def checkpoints_in(folder) -> checkpoint.Checkpoints:
+    return checkpoint.Checkpoints(folder, True, {"model": "resnet18", "classes": 2}, INFERENCE)
+
+
+def parts(step: int, weight: float) -> dict:
+    return {"progress": Progress(step=step), "model": Held({"weight": torch.full((2,), weight)})}
 
 
 def test_best_pt_holds_the_weights_of_the_best_validation_so_far(tmp_path):
-    checkpoints = checkpoint.Checkpoints(tmp_path, writes=True)
+    checkpoints = checkpoints_in(tmp_path)
     for step, top1 in ((1, 50.0), (2, 80.0), (3, 60.0)):
-        checkpoints.save({"step": step, "model": {"weight": torch.full((2,), float(step))}}, top1=top1)
-    checkpoints.save({"step": 4, "model": {"weight": torch.full((2,), 4.0)}})  # a stop mid-epoch: nothing validated
+        checkpoints.save(parts(step, float(step)), top1=top1)
+    checkpoints.save(parts(4, 4.0))  # a stop mid-epoch: nothing validated
     best, last = (checkpoint.load(tmp_path / name, torch.device("cpu")) for name in ("best.pt", "last.pt"))
-    assert best["step"] == 2 and torch.equal(best["model"]["weight"], torch.full((2,), 2.0)) and best["best_top1"] == 80
-    assert last["step"] == 4 and last["best_top1"] == 80  # what a resumed run compares its epochs with
+    assert best["progress"]["step"] == 2 and torch.equal(best["model"]["weight"], torch.full((2,), 2.0))
+    assert best["best_top1"] == 80
+    assert last["progress"]["step"] == 4 and last["best_top1"] == 80  # what a resumed run compares its epochs with
     assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt", "last.pt"]
 
 
+def test_a_checkpoint_holds_each_parts_state_by_its_key_and_restores_them_where_it_has_them(tmp_path):
+    checkpoints_in(tmp_path).save({**parts(3, 1.0), "ema": Held({"updates": 3})}, top1=70.0)
+    state = checkpoint.load(tmp_path / "last.pt", torch.device("cpu"))
+    assert set(state) == {"progress", "model", "ema", "identity", "inference", "best_top1"}
+    assert state["identity"] == {"model": "resnet18", "classes": 2} and state["inference"] == INFERENCE.state_dict()
+    resumed, added = checkpoints_in(tmp_path), Held({"fresh": True})
+    restored = {**parts(0, 0.0), "ema": Held({}), "added": added}
+    resumed.restore(restored, state)
+    assert restored["progress"] == Progress(step=3) and torch.equal(restored["model"].state["weight"], torch.ones(2))
+    assert restored["ema"].state == {"updates": 3}
+    assert added.state == {"fresh": True}, "a part the checkpoint lacks keeps its fresh start"
+    assert (resumed.best_top1, resumed.saved_step) == (70.0, 3)
+
+
 def test_a_best_epoch_links_best_pt_to_last_pt_and_copies_where_links_fail(tmp_path, monkeypatch):
-    checkpoints = checkpoint.Checkpoints(tmp_path, writes=True)
-    checkpoints.save({"step": 1, "model": {"weight": torch.ones(2)}}, top1=50.0)
+    checkpoints = checkpoints_in(tmp_path)
+    checkpoints.save(parts(1, 1.0), top1=50.0)
     assert (tmp_path / "best.pt").samefile(tmp_path / "last.pt")  # one file on disk, written once
-    checkpoints.save({"step": 2, "model": {"weight": torch.zeros(2)}}, top1=40.0)
+    checkpoints.save(parts(2, 0.0), top1=40.0)
     assert not (tmp_path / "best.pt").samefile(tmp_path / "last.pt")
-    assert checkpoint.load(tmp_path / "best.pt", torch.device("cpu"))["step"] == 1
+    assert checkpoint.load(tmp_path / "best.pt", torch.device("cpu"))["progress"]["step"] == 1
 
     def no_links(source, target):
         raise OSError(1, "Operation not permitted")
 
     monkeypatch.setattr(checkpoint.os, "link", no_links)
-    checkpoints.save({"step": 3, "model": {"weight": torch.full((2,), 3.0)}}, top1=70.0)
+    checkpoints.save(parts(3, 3.0), top1=70.0)
     assert not (tmp_path / "best.pt").samefile(tmp_path / "last.pt")
-    assert checkpoint.load(tmp_path / "best.pt", torch.device("cpu"))["step"] == 3
+    assert checkpoint.load(tmp_path / "best.pt", torch.device("cpu"))["progress"]["step"] == 3
     assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt", "last.pt"]
 
 
 def test_a_checkpoint_to_use_holds_its_classes_and_preprocessing_or_is_refused_in_one_line(tmp_path):
-    from {{ cookiecutter.package }}.contracts import Preprocessing
-
-    held = checkpoint.Inference(classes=["cat", "dog"], model={"name": "resnet18"},
-                                preprocessing=Preprocessing(mean=(0.5,) * 3, std=(0.2,) * 3, crop_size=32, resize=36))
-    checkpoint.save({"step": 1, "model": {}, "inference": held.state_dict()}, tmp_path / "new.pt")
-    assert checkpoint.load_trained(str(tmp_path / "new.pt"), torch.device("cpu"))[1] == held
+    checkpoint.save({"step": 1, "model": {}, "inference": INFERENCE.state_dict()}, tmp_path / "new.pt")
+    assert checkpoint.load_trained(str(tmp_path / "new.pt"), torch.device("cpu"))[1] == INFERENCE
     checkpoint.save({"step": 1, "model": {}, "identity": {"model": "resnet18", "classes": 2}}, tmp_path / "old.pt")
     with pytest.raises(ConfigError, match=r"^checkpoint=.*old.pt holds no class names or preprocessing: it was written "
                                           "before checkpoints kept them"):

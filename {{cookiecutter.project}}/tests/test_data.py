@@ -334,9 +334,9 @@ def test_processes_judge_the_union_of_what_each_found_and_a_resume_keeps_it():
     for index in range(20):
         train[index]
     splits.share_unreadable(OtherProcess(theirs, 40))
-    assert train.bad_count.value == 10 and sorted(splits.unreadable_state()["train"]) == sorted(mine | theirs)
+    assert train.bad_count.value == 10 and sorted(splits.state_dict()["train"]) == sorted(mine | theirs)
     resumed = Splits(Images(Store(bad=mine), decode, "skip"), Images(Store(bad=set()), decode, "skip"), ["x"], None)
-    resumed.load_unreadable_state(splits.unreadable_state())
+    resumed.load_state_dict(splits.state_dict())
     for index in range(20):  # the same images again: nothing new, nothing counted twice
         resumed.train[index]
     assert resumed.train.bad_count.value == 10

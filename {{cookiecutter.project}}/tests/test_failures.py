@@ -43,7 +43,7 @@ def left_behind(run_dir: Path) -> list[int]:
 
 
 def saved_step(run_dir: Path) -> int:
-    return torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)["step"]
+    return torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)["progress"]["step"]
 
 
 def run_patched(patch: str, command: list[str]) -> str:

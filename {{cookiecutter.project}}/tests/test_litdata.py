@@ -149,7 +149,7 @@ EXACT = (*LITDATA, "train.epochs=8", "train.batch_size=2", "cudnn=deterministic"
 def position(run_dir) -> tuple[int, int]:
     """(images of the epoch trained, the samples LitData's saved state says it yielded) in last.pt."""
     state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
-    return state["images_in_epoch"], state["loader"]["num_samples_yielded"]
+    return state["progress"]["images_in_epoch"], state["loader"]["num_samples_yielded"]
 
 
 @pytest.mark.full
@@ -182,7 +182,7 @@ def test_a_run_cut_short_on_two_processes_finishes_its_plan_on_one(tmp_path, cac
     plan = (*LITDATA, "train.epochs=8", "train.batch_size=2", "loader.num_workers=2")  # 24 images an epoch
     train_cli(run_dir, *plan, "train.max_steps=9", launcher=TORCHRUN, env=TWO_PROCESSES)  # 6 steps an epoch
     state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
-    assert (state["epoch"], state["step"], state["images_in_epoch"]) == (1, 9, 12)
+    assert (state["progress"]["epoch"], state["progress"]["step"], state["progress"]["images_in_epoch"]) == (1, 9, 12)
     train_cli(run_dir, *plan, "resume=auto", "loader.num_workers=1")
     assert summary(run_dir)["steps"] == 9 + 12 // 2 + 6 * 24 // 2  # the rest of epoch 1, then 6 more of 12 steps
 

@@ -128,7 +128,7 @@ def test_timm_weights_come_from_the_hugging_face_cache_and_their_normalisation_r
     starts_from(run.model, {**timm_cache, "fc.weight": run.model.fc.weight, "fc.bias": run.model.fc.bias}, "fc")
     for to_device in (run.loaders.train.to_device, run.loaders.val.to_device):  # the weights' 0.5, not ImageNet's
         assert to_device.mean.flatten().tolist() == [127.5] * 3 and to_device.std.flatten().tolist() == [127.5] * 3
-    assert run.inference.preprocessing == Preprocessing(mean=(0.5,) * 3, std=(0.5,) * 3, crop_size=32, resize=36)
+    assert run.checkpoints.inference.preprocessing == Preprocessing(mean=(0.5,) * 3, std=(0.5,) * 3, crop_size=32, resize=36)
 
 
 def test_timm_knows_only_its_own_word_for_its_weights(compose_tiny):

@@ -252,6 +252,6 @@ def test_sigterm_mid_epoch_saves_the_position_and_resume_finishes_the_run(tmp_pa
     assert summary(run_dir)["steps"] == 90  # the step count carried on to the planned end
     import torch
 
-    windows = torch.load(run_dir / "last.pt", weights_only=False)["windows"]
+    windows = torch.load(run_dir / "last.pt", weights_only=False)["windows"]["windows"]
     assert sum(window["steps"] for window, _ in windows) == 90  # the summary's windows span the whole run
 

@@ -69,7 +69,7 @@ def test_workers_started_again_at_every_epoch_show_in_its_start_and_get_named(tr
     shrunk = ("data.train_per_class=2", "loader.num_workers=2", "train.epochs=3")
     restarting = train_in_process(*shrunk, "loader.persistent_workers=false")
     windows = [Window(**window) for window, _ in torch.load(train_in_process.run_dir / "last.pt",
-                                                            weights_only=False)["windows"]]
+                                                            weights_only=False)["windows"]["windows"]]
     kept = train_in_process(*shrunk, "loader.persistent_workers=true")
     assert len(restarting["epoch_start_ms"]) == len(kept["epoch_start_ms"]) == 3
     assert sum(restarting["epoch_start_ms"][1:]) > sum(kept["epoch_start_ms"][1:])

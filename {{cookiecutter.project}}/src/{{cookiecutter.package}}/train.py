@@ -92,6 +92,8 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     if state:
         check_fits(state, distributed.unwrap(model), resume_from, identity)
     writes = world.is_main  # the other ranks get objects that write nothing
+    checkpoints = Checkpoints(run_dir, writes, identity, Inference(  # what using the model needs beside its weights
+        classes=loaders.classes, preprocessing=preprocessing, model=OmegaConf.to_container(cfg.model, resolve=True)))
     run = Run(model=model, optimizer=optimizer, scheduler=scheduler,
               criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing), precision=precision,
               mix=BatchMix(cfg.train.mixup_alpha, cfg.train.cutmix_alpha, outputs),
@@ -100,19 +102,15 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
               sysmon=SystemMonitor(device, loaders.splits.train.times, injected.nvml_fails_after, loaders.upload_times),
               logger=build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
               profiler=build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
-              checkpoints=Checkpoints(run_dir, writes), stop=StopRequest(), forensics=forensics, world=world,
+              checkpoints=checkpoints, stop=StopRequest(), forensics=forensics, world=world,
               hardware=hardware, clip_grad_norm=cfg.train.clip_grad_norm,
               log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
               limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
-              identity=identity, coverage=Coverage(len(loaders.splits.train)), freeze=freeze,
-              accuracy=accuracy, average=average,
-              inference=Inference(classes=loaders.classes, preprocessing=preprocessing,
-                                  model=OmegaConf.to_container(cfg.model, resolve=True)))
+              coverage=Coverage(len(loaders.splits.train)), freeze=freeze, accuracy=accuracy, average=average)
     if state:
-        run.restore(state)
-        run.checkpoints.saved_step = run.step
-        log.info("resumed from %s at epoch %d, step %d (%d images of the epoch trained)", resume_from, run.epoch,
-                 run.step, run.images_in_epoch)
+        run.checkpoints.restore(run.parts(), state)
+        log.info("resumed from %s at epoch %d, step %d (%d images of the epoch trained)", resume_from,
+                 run.progress.epoch, run.progress.step, run.progress.images_in_epoch)
     log.info("%s on %s (%d process%s): %d classes, %d train / %d val images, %d steps per epoch per process",
              cfg.model.name, device, world.size, "es" if world.size > 1 else "", len(loaders.classes),
              len(loaders.splits.train), len(loaders.splits.val), steps_per_epoch)
@@ -127,12 +125,12 @@ def end_window(run: Run, bar: tqdm) -> None:
         run.windows.append((window, system))
         run.logger.scalars({
             **run.meter.lap(window), "train/lr": run.optimizer.param_groups[0]["lr"],
-            "train/skipped_steps": run.precision.skipped.item(), **window.scalars(), **system}, run.step)
+            "train/skipped_steps": run.precision.skipped.item(), **window.scalars(), **system}, run.progress.step)
         bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%, "
                             f"host {100 * window.host_frac:.0f}%")
     ranks, stop_anywhere = run.share_window(window)  # every rank, every window: they stop together or not at all
     if run.world.size > 1 and all(split.steps for split in ranks):
-        run.logger.scalars(spread(ranks), run.step)
+        run.logger.scalars(spread(ranks), run.progress.step)
     run.loaders.share_unreadable(run.world)
     run.stop.check(stop_anywhere)
 
@@ -144,11 +142,12 @@ def step(run: Run, loss: torch.Tensor) -> None:
     images = run.accumulation.finish(run.optimizer, run.world)  # a short last group: the mean of its batches
     run.precision.clip(run.optimizer, run.clip_grad_norm)  # on the real gradients: fp16's are unscaled first
     run.updating = True
-    run.precision.apply(loss, run.optimizer, run.step)  # the optimizer's step through the loss scaler
+    run.precision.apply(loss, run.optimizer, run.progress.step)  # the optimizer's step through the loss scaler
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
     run.average.update(run.model)
-    run.step, run.images_in_epoch = run.step + 1, run.images_in_epoch + images * run.world.size
+    run.progress.step += 1
+    run.progress.images_in_epoch += images * run.world.size
     run.updating = False
 
 
@@ -156,7 +155,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     """Train from where the epoch stands until the loader or train.max_steps runs out; True if it ended."""
     run.model.train()
     run.freeze.set_epoch(epoch)
-    run.loaders.train.set_epoch(epoch, skip_images=run.images_in_epoch)
+    run.loaders.train.set_epoch(epoch, skip_images=run.progress.images_in_epoch)
     batches_left = len(run.loaders.train)
     run.meter.start_epoch()
     run.clock.start()
@@ -175,7 +174,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
         run.profiler.step()
         run.meter.add(output, labels, loss)
         batches_left -= 1
-        if stepped and run.step % run.log_every == 0:
+        if stepped and run.progress.step % run.log_every == 0:
             end_window(run, bar)
         if run.out_of_steps:
             break
@@ -195,11 +194,12 @@ def validate(run: Run) -> tuple[float, float | None]:
                           run.limit_val_batches)
     classes = len(run.loaders.classes)
     top5 = top5 if shows_top5(classes) else None
-    run.logger.scalars({"val/top1": top1, **({"val/top5": top5} if top5 is not None else {})}, run.step)
-    seconds = run.accuracy.add(top1, run.epoch)
+    run.logger.scalars({"val/top1": top1, **({"val/top5": top5} if top5 is not None else {})}, run.progress.step)
+    seconds = run.accuracy.add(top1, run.progress.epoch)
     run.logger.scalars({"val/top1_by_second": top1}, round(seconds))  # top-1 against wall time, its step a second
     trained = run.meter.epoch_top1(run.world)
-    log.info("epoch %d step %d: val top-1 %.2f%% (chance %.2f%%)%s%s", run.epoch, run.step, top1, 100 / classes,
+    log.info("epoch %d step %d: val top-1 %.2f%% (chance %.2f%%)%s%s", run.progress.epoch, run.progress.step, top1,
+             100 / classes,
              f", top-5 {top5:.2f}%" if top5 is not None else "",
              f"; train top-1 {trained:.2f}% on the epoch's batches" if trained is not None else "")
     return top1, top5
@@ -209,12 +209,12 @@ def run_epochs(run: Run, epochs: int) -> tuple[float, float | None]:
     """Train and validate epoch by epoch, a checkpoint after each; the last validation's top-1 and top-5."""
     scores = None
     with run.profiler:
-        while run.epoch < epochs and not run.out_of_steps:
-            if train_one_epoch(run, run.epoch):
+        while run.progress.epoch < epochs and not run.out_of_steps:
+            if train_one_epoch(run, run.progress.epoch):
                 run.check_coverage()
-                run.epoch, run.images_in_epoch = run.epoch + 1, 0
+                run.progress.epoch, run.progress.images_in_epoch = run.progress.epoch + 1, 0
             scores = validate(run)
-            run.checkpoints.save(run.state(), top1=scores[0])
+            run.checkpoints.save(run.parts(), top1=scores[0])
             run.forensics.progress()
     return scores or validate(run)  # a resumed run that had nothing left still reports its accuracy
 
@@ -232,14 +232,15 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
     began = time.perf_counter()
     run = make_run(cfg, run_dir, world, forensics, began)
     run.setup = {"total_s": time.perf_counter() - began, **run.loaders.setup}  # data, workers=auto, model, compile
-    run.logger.scalars({"time/setup_s": run.setup["total_s"]}, run.step)
+    run.logger.scalars({"time/setup_s": run.setup["total_s"]}, run.progress.step)
     try:
         with forensics.watching(run.stop):
             top1, top5 = run_epochs(run, cfg.train.epochs)
     except Preempted as stop:
-        run.checkpoints.save(run.state())
+        run.checkpoints.save(run.parts())
         log.info("stopped by %s at step %d (epoch %d, %d images into it); checkpoint saved: continue with %s", stop,
-                 run.step, run.epoch, run.images_in_epoch, run_record.resume_command(run_dir))
+                 run.progress.step, run.progress.epoch, run.progress.images_in_epoch,
+                 run_record.resume_command(run_dir))
         return {}
     except BaseException as err:
         keep_progress(run, err)

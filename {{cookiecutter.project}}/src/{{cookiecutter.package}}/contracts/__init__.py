@@ -16,6 +16,8 @@ loader assembly, the loop, the report, the tools) sees only the contracts below,
 | `profiler`   | `Profiler`                       | loop/profiler.py                          |
 | `model`      | `Network`                        | loop/model/<option>.py                    |
 
+Everything a checkpoint holds is `Stateful`: the run saves a dict of such parts (loop/run.py: `Run.parts`).
+
 A format that shards, shuffles and keeps its own place in the stream (litdata) also brings its training
 loader, a `ResumableLoader`, as the loader assembly's own is (data/loaders.py).
 
@@ -24,7 +26,8 @@ labels): workers produce uint8 HWC crops (or encoded bytes, for GPU decoders) an
 """
 from .data import (Augment, Batch, Box, Crop, Decoder, EpochOrder, Layout, Order, Prefetcher, ResumableLoader, Run,
                    Staging, Store, Stores, ToDevice)
-from .loop import Exporter, Logger, Network, Preprocessing, Profiler
+from .loop import Exporter, Logger, Network, Preprocessing, Profiler, Stateful
 
 __all__ = ["Augment", "Batch", "Box", "Crop", "Decoder", "EpochOrder", "Exporter", "Layout", "Logger", "Network", "Order",
-           "Prefetcher", "Preprocessing", "Profiler", "ResumableLoader", "Run", "Staging", "Store", "Stores", "ToDevice"]
+           "Prefetcher", "Preprocessing", "Profiler", "ResumableLoader", "Run", "Staging", "Stateful", "Store", "Stores",
+           "ToDevice"]

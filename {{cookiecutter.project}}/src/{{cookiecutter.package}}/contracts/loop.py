@@ -1,5 +1,5 @@
-"""The run's contracts: how a model's inputs are prepared, the model option, and where the loop's figures and
-profiles go; and the export formats' contract."""
+"""The run's contracts: what a checkpoint holds, how a model's inputs are prepared, the model option, and where the
+loop's figures and profiles go; and the export formats' contract."""
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +10,16 @@ import torch
 
 if TYPE_CHECKING:
     from ..loop.model import Pretrained
+
+
+class Stateful(Protocol):
+    """A part of what a checkpoint holds, which saves and restores itself (loop/run.py: `Run.parts`). It is the protocol
+    of torch.distributed.checkpoint, which modules, optimizers and schedulers already keep; a state is a dict of
+    tensors, numbers, strings and lists, which torch.save writes and torch.load reads back without pickled classes."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -218,10 +218,11 @@ class Splits:
             if new:
                 images.adopt_unreadable(world.any(images.bad_flags().to(world.device, torch.uint8)).cpu())
 
-    def unreadable_state(self) -> dict[str, list[int]]:
+    def state_dict(self) -> dict[str, list[int]]:
+        """The images of each split found unreadable: a checkpoint part (contracts.Stateful)."""
         return {"train": self.train.unreadable_state(), "val": self.val.unreadable_state()}
 
-    def load_unreadable_state(self, state: dict[str, list[int]]) -> None:
+    def load_state_dict(self, state: dict[str, list[int]]) -> None:
         self.train.load_unreadable_state(state.get("train", []))
         self.val.load_unreadable_state(state.get("val", []))
 

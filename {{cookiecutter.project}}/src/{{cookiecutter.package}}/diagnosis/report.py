@@ -130,7 +130,7 @@ def format_report(summary: dict) -> str:
 def setup_record(run: Run) -> dict[str, float]:
     """This run's seconds before its first step, by stage, and from its first epoch's start to its first batch (the
     loader workers starting and decoding it)."""
-    started = [window for window, _ in run.windows[run.resumed_windows:] if window.epoch_starts]
+    started = [window for window, _ in run.windows[run.windows.resumed:] if window.epoch_starts]
     first_batch = {"first_batch_s": started[0].epoch_start_s / started[0].epoch_starts} if started else {}
     return {**run.setup, **first_batch}
 
@@ -156,7 +156,7 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float | None, hydra_
             "withheld": [suggestion.record() for suggestion in diagnosis.withheld],
             "hardware": run.hardware.record(),
             "val_top1": top1, "val_top5": top5, "train_top1": run.meter.epoch_top1(run.world), **run.accuracy.record(),
-            "classes": len(run.loaders.classes), "steps": run.step,
+            "classes": len(run.loaders.classes), "steps": run.progress.step,
             "skipped_files": run.loaders.skipped_files(run.world),
             "skipped_steps": int(run.precision.skipped), "processes": run.world.size, "timing_rank": timing_rank,
             "ranks": [times.record() for times in ranks],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..contracts import Preprocessing
+from ..contracts import Preprocessing, Stateful
 from ..core.config import ConfigError
 from ..core.distributed import World
 from ..core.files import write_atomic
@@ -67,23 +67,40 @@ def save_as(state: dict, path: Path, written: Path) -> None:
 
 class Checkpoints:
     """last.pt in the run folder, and best.pt beside it, written by the main process only; the other ranks hold the
-    same weights."""
+    same weights. Each holds the state of every part of the run (`Run.parts`), by the part's key, and beside them what
+    the checkpoint is of: `identity` (the model's name and classes, which a resume checks first) and `inference`."""
 
-    def __init__(self, run_dir: Path, writes: bool):
+    def __init__(self, run_dir: Path, writes: bool, identity: dict, inference: Inference):
         self.path, self.best_path, self.writes = run_dir / LAST, run_dir / BEST, writes
+        self.identity, self.inference = identity, inference
         self.saved_step = -1  # the step of the last checkpoint written or resumed from; -1: none yet
         self.best_top1 = -1.0  # the best validation top-1 saved so far, which a resumed run carries on from
 
-    def save(self, state: dict, top1: float | None = None) -> None:
-        """last.pt; best.pt too where `top1`, the state's validation top-1, beats every one before it."""
+    def save(self, parts: dict[str, Stateful], top1: float | None = None) -> None:
+        """last.pt; best.pt too where `top1`, the parts' validation top-1, beats every one before it."""
         better = top1 is not None and top1 > self.best_top1
         self.best_top1 = top1 if better else self.best_top1
-        state = {**state, "best_top1": self.best_top1}
+        state = {**{key: part.state_dict() for key, part in parts.items()}, "identity": self.identity,
+                 "inference": self.inference.state_dict(), "best_top1": self.best_top1}
         if self.writes:
             save(state, self.path)
             if better:
                 save_as(state, self.best_path, written=self.path)
-        self.saved_step = state["step"]
+        self.saved_step = step_of(state)
+
+    def restore(self, parts: dict[str, Stateful], state: dict) -> None:
+        """Each part from its key in `state`; a part the checkpoint lacks (one written before the part existed, such
+        as an average turned on at the resume) keeps its fresh start."""
+        for key, part in parts.items():
+            if key in state:
+                part.load_state_dict(state[key])
+        self.best_top1 = state.get("best_top1", self.best_top1)
+        self.saved_step = step_of(state)
+
+
+def step_of(state: dict) -> int:
+    """The optimizer steps a checkpoint's run had taken."""
+    return state["progress"]["step"]
 
 
 def find(resume: str | None, run_dir: Path) -> Path | None:
@@ -157,7 +174,7 @@ def resume_state(resume: str | None, run_dir: Path, world: World) -> tuple[Path 
     """
     path = find(resume, run_dir)
     state = load(path, world.device) if path else None
-    step = state["step"] if state else -1  # -1: starting from scratch
+    step = step_of(state) if state else -1  # -1: starting from scratch
     if world.max(step) != -world.max(-step):
         raise ConfigError(f"the processes of this job found different checkpoints to resume from (this one: "
                           f"{path or 'none'}); on several nodes the run folder ({run_dir}) must be on storage "

@@ -1,10 +1,11 @@
-"""The run: everything the loop touches, built once before it, and what a checkpoint of it holds."""
+"""The run: everything the loop touches, built once before it, and what a checkpoint of it holds (`Run.parts`)."""
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, astuple, dataclass, field
 
 import torch
 
-from ..contracts import Logger, Profiler
+from ..contracts import Logger, Profiler, Stateful
 from ..core import distributed
 from ..core.distributed import World
 from ..core.files import WriteError
@@ -16,7 +17,7 @@ from ..diagnosis.sysmon import SystemMonitor
 from .accumulate import GradientAccumulation
 from .accuracy import TimeToAccuracy
 from .average import WeightAverage
-from .checkpoint import Checkpoints, Inference
+from .checkpoint import Checkpoints
 from .clock import Clock, Window
 from .freeze import FrozenBackbone
 from .meter import TrainMeter
@@ -25,6 +26,49 @@ from .precision import NonFiniteLoss, Precision
 from .preempt import StopRequest
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class Progress:
+    """Where the run stands: the epochs it finished, the optimizer steps it took, and the images of the current epoch
+    all processes together trained on."""
+    epoch: int = 0
+    step: int = 0
+    images_in_epoch: int = 0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.step, self.images_in_epoch = state["epoch"], state["step"], state["images_in_epoch"]
+
+
+class WindowLog(list):
+    """Every logging window's timing split and system figures, `(Window, figures)` in order, the windows of the runs
+    this one resumed first: what the report sums."""
+    resumed = 0  # of them, those of the runs this one resumed
+
+    def state_dict(self) -> dict:
+        return {"windows": [(asdict(window), system) for window, system in self]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self[:] = [(Window(**window), system) for window, system in state["windows"]]
+        self.resumed = len(self)
+
+
+@dataclass
+class AtProgress:
+    """A checkpoint part whose state is asked at the run's progress rather than read from the part: the training loader
+    reads ahead of the step, and the coverage record hears of the other processes only at each window."""
+    save: Callable[[Progress], dict]
+    load: Callable[[dict], None]
+    progress: Progress
+
+    def state_dict(self) -> dict:
+        return self.save(self.progress)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.load(state)
 
 
 @dataclass
@@ -53,17 +97,12 @@ class Run:
     limit_val_batches: int | None
     coverage: Coverage  # each epoch's check that it trained every image once
     freeze: FrozenBackbone  # which layers train in each epoch: all, or the head alone at a fine-tune's start
-    inference: Inference  # what a checkpoint holds for evaluate, predict and export: classes, preprocessing, model
     accuracy: TimeToAccuracy  # the seconds from the run's start to each top-1 level its validations reached
     average: WeightAverage  # the weights validation scores: a moving average of the live ones, or those
     clip_grad_norm: float = 0.0  # the largest total gradient norm a step applies; 0: no clipping
-    epoch: int = 0
-    step: int = 0
-    images_in_epoch: int = 0  # images of the current epoch all processes together trained on
-    windows: list[tuple[Window, dict[str, float]]] = field(default_factory=list)
-    resumed_windows: int = 0  # of `windows`, those of the run this one resumed
+    progress: Progress = field(default_factory=Progress)
+    windows: WindowLog = field(default_factory=WindowLog)
     setup: dict[str, float] = field(default_factory=dict)  # this run's seconds before its first step, by stage
-    identity: dict = field(default_factory=dict)  # what a checkpoint of this run holds: model and classes
     records: list[EpochRecord | None] = field(default_factory=list)  # every process's, at the last window
     updating: bool = False  # inside train.py's step(): the weights may be ahead of the step count
 
@@ -73,17 +112,17 @@ class Run:
 
     @property
     def out_of_steps(self) -> bool:
-        return self.max_steps is not None and self.step >= self.max_steps
+        return self.max_steps is not None and self.progress.step >= self.max_steps
 
     def share_window(self, window: Window) -> tuple[list[Window], bool]:
         """Every rank's split of a logging window, and whether any rank was asked to stop: the window's one
         collective, a small all-reduce after the window's device sync. It also carries each rank's record of the
         epoch so far (`records`), which the epoch's last window checks."""
         trace = self.loaders.train.coverage()
-        record = trace.record(self.images_in_epoch).row() if trace else NO_RECORD
+        record = trace.record(self.progress.images_in_epoch).row() if trace else NO_RECORD
         rows = self.world.gather([float(self.stop.asked), *record, *astuple(window)])
         self.records = [EpochRecord.from_row(row[1:1 + EpochRecord.WIDTH]) for row in rows]
-        self.coverage.window(self.records, self.images_in_epoch)
+        self.coverage.window(self.records, self.progress.images_in_epoch)
         return [Window.from_row(row[1 + EpochRecord.WIDTH:]) for row in rows], any(row[0] for row in rows)
 
     def check_coverage(self) -> None:
@@ -96,35 +135,20 @@ class Run:
 
         entry = self.coverage.check(self.records, trace, counts)
         if entry["checked"]:
-            log.info("epoch %d trained each of its %d images once across %d process%s (%d left out)", self.epoch,
-                     entry["images"] - entry["left_out"], entry["processes"], "es" if entry["processes"] > 1 else "",
-                     entry["left_out"])
+            log.info("epoch %d trained each of its %d images once across %d process%s (%d left out)",
+                     self.progress.epoch, entry["images"] - entry["left_out"], entry["processes"],
+                     "es" if entry["processes"] > 1 else "", entry["left_out"])
 
-    def state(self) -> dict:
-        return {"model": distributed.unwrap(self.model).state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "scaler": self.precision.state_dict(),
-                "identity": self.identity, "inference": self.inference.state_dict(), "epoch": self.epoch,
-                "step": self.step, "images_in_epoch": self.images_in_epoch,
-                "loader": self.loaders.train.state(self.epoch, self.images_in_epoch),
-                "unreadable": self.loaders.splits.unreadable_state(),
-                "coverage": self.coverage.state_dict(self.images_in_epoch, self.loaders.train.coverage()),
-                "windows": [(asdict(window), system) for window, system in self.windows],
-                "accuracy": self.accuracy.state_dict(), "ema": self.average.state_dict()}
-
-    def restore(self, state: dict) -> None:
-        distributed.unwrap(self.model).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.precision.load_state_dict(state.get("scaler", {}))
-        self.checkpoints.best_top1 = state.get("best_top1", self.checkpoints.best_top1)
-        self.epoch, self.step, self.images_in_epoch = state["epoch"], state["step"], state["images_in_epoch"]
-        self.loaders.train.load_state(state.get("loader", {}))
-        self.loaders.splits.load_unreadable_state(state.get("unreadable", {}))
-        self.coverage.load_state_dict(state.get("coverage", {}))
-        self.windows = [(Window(**window), system) for window, system in state.get("windows", [])]
-        self.resumed_windows = len(self.windows)
-        self.accuracy.load_state_dict(state.get("accuracy", {}))
-        self.average.load_state_dict(state.get("ema", {}))
+    def parts(self) -> dict[str, Stateful]:
+        """What a checkpoint of the run holds, by key: each part saves and restores itself (loop/checkpoint.py)."""
+        train, progress = self.loaders.train, self.progress
+        return {"model": distributed.unwrap(self.model), "optimizer": self.optimizer, "scheduler": self.scheduler,
+                "scaler": self.precision, "progress": progress,
+                "loader": AtProgress(lambda at: train.state(at.epoch, at.images_in_epoch), train.load_state, progress),
+                "unreadable": self.loaders.splits,
+                "coverage": AtProgress(lambda at: self.coverage.state_dict(at.images_in_epoch, train.coverage()),
+                                       self.coverage.load_state_dict, progress),
+                "windows": self.windows, "accuracy": self.accuracy, "ema": self.average}
 
 
 def keep_progress(run: Run, err: BaseException) -> None:
@@ -132,9 +156,9 @@ def keep_progress(run: Run, err: BaseException) -> None:
     `resume=auto` will carry on from. A non-finite loss, or a failure in the middle of an update, keeps the
     last good checkpoint instead."""
     sound = not (run.updating or isinstance(err, (NonFiniteLoss, KeyboardInterrupt)))
-    if sound and run.step > run.checkpoints.saved_step:
+    if sound and run.progress.step > run.checkpoints.saved_step:
         try:
-            run.checkpoints.save(run.state())
+            run.checkpoints.save(run.parts())
         except WriteError as unsaved:
             log.error("the run failed, and saving its last step failed too: %s", unsaved)
     if run.checkpoints.writes and run.checkpoints.saved_step >= 0:
