@@ -116,7 +116,7 @@ def reporting_lent(collate):
 @pytest.mark.parametrize("collate", ["cpu decoder", "batch decoder"])
 def test_training_workers_lend_their_batches_and_validation_workers_do_not(tiny_root, collate):
     source = sources.folder(str(tiny_root), 32, 36, "raise")
-    splits = make_splits(source, folder.build(source, no_staging), PilDecoder())
+    splits = make_splits(source, folder.Folder().stores(source, no_staging), PilDecoder())
     decoder_collate = PilDecoder().collate if collate == "cpu decoder" else \
         lambda samples: (OneBuffer([torch.zeros(4, dtype=torch.uint8) for _ in samples]), torch.tensor(0))
     lent = {train: [was_lent for *_, was_lent in make_loader(

@@ -25,7 +25,9 @@ from {{ cookiecutter.package }}.core.config import (
     ranged_keys,
 )
 from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.sources import Source
+from {{ cookiecutter.package }}.data.staging import no_staging
 
 from conftest import CONF, DEVICE, hydra_run, on_this_machine, tiny
 
@@ -177,13 +179,6 @@ def prefetcher_args(tmp_path):
     return {"loader": loader, "to_device": ToDevice(PilDecoder(), DEVICE, False)}
 
 
-def format_args(tmp_path, tiny_root):
-    from {{ cookiecutter.package }}.data import sources
-    from {{ cookiecutter.package }}.data.staging import no_staging
-
-    return {"source": sources.folder(str(tiny_root), 32, 36, "skip"), "stage": no_staging}
-
-
 RUNTIME = {
     "data": (lambda tmp_path: {}, check_data),
     "model": (lambda tmp_path: {}, check_model),
@@ -191,7 +186,7 @@ RUNTIME = {
     "schedule": (schedule_args, check_schedule),
     "logger": (lambda tmp_path: {"run_dir": tmp_path}, check_logger),
     "profiler": (lambda tmp_path: {"run_dir": tmp_path}, check_profiler),
-    "format": (format_args, check_format),
+    "format": (lambda tmp_path: {}, check_format),
     "decoder": (lambda tmp_path: {}, check_decoder),
     "staging": (lambda tmp_path: {"world": World(0, 0, 1, torch.device("cpu"))}, check_staging),
     "prefetcher": (prefetcher_args, check_prefetcher),
@@ -261,8 +256,9 @@ def test_option_composes_and_builds(group, option, compose_tiny, tmp_path, tiny_
     runtime, check = RUNTIME[group]
     if group == "schedule":  # the schedule's peak is the optimizer's lr
         cfg.optim.lr = 0.2
-    arguments = runtime(tmp_path, tiny_root) if group == "format" else runtime(tmp_path)
-    built = build(cfg[group], **arguments)
+    built = build(cfg[group], **runtime(tmp_path))
+    if group == "format":  # a Format opens both splits: of the tiny tree, or of the pack its path names
+        built = built.stores(sources.folder(str(tiny_root), 32, 36, "skip"), no_staging)
     check(built, cfg, tmp_path, option)
 
 

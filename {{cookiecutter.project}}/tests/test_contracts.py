@@ -89,7 +89,8 @@ def test_every_module_is_short_enough_to_own(path):
     assert len(path.read_text().splitlines()) <= LONGEST_MODULE
 
 
-CONTRACTS = {"decoder": contracts.Decoder, "prefetcher": contracts.Prefetcher, "model": contracts.Network}
+CONTRACTS = {"format": contracts.Format, "decoder": contracts.Decoder, "prefetcher": contracts.Prefetcher,
+             "model": contracts.Network}
 
 
 @pytest.mark.parametrize("group", sorted(CONTRACTS))

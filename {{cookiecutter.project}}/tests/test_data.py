@@ -41,7 +41,7 @@ def loader(dataset, batch_size: int, train: bool, world: World = ALONE, seed: in
 def folder_splits(root, size: int = 32, resize: int = 36, on_error: str = "skip", decoder=None):
     """The splits train.py would build for data=folder format=folder staging=none."""
     source = sources.folder(str(root), size, resize, on_error)
-    return make_splits(source, folder.build(source, no_staging), decoder or PilDecoder())
+    return make_splits(source, folder.Folder().stores(source, no_staging), decoder or PilDecoder())
 
 
 def test_bad_files_are_skipped_counted_once_and_batches_keep_their_size(tree_with_bad_files):

@@ -131,7 +131,7 @@ def test_random_crops_have_the_size_asked_and_flip_both_ways(name):
 @pytest.mark.parametrize("name", DECODERS)
 def test_decoders_agree_on_a_data_set_labels_and_pixels(name, tiny_root):
     source = sources.folder(str(tiny_root), 224, 256, "raise")
-    stores = folder.build(source, no_staging)
+    stores = folder.Folder().stores(source, no_staging)
 
     def validation_batch(decoder):
         splits = make_splits(source, stores, decoder)
@@ -146,7 +146,7 @@ def test_decoders_agree_on_a_data_set_labels_and_pixels(name, tiny_root):
 @pytest.mark.parametrize("name", DECODERS)
 def test_bad_files_are_skipped_the_same_way_by_every_decoder(name, tree_with_bad_files):
     source = sources.folder(str(tree_with_bad_files), 32, 36, "skip")
-    splits = make_splits(source, folder.build(source, no_staging), make_decoder(name))
+    splits = make_splits(source, folder.Folder().stores(source, no_staging), make_decoder(name))
     batches = [labels for _, labels in loader(splits.train, 4, False, num_workers=2, collate=splits.decoder.collate)]
     assert [len(labels) for labels in batches] == [4, 4, 3]
     assert splits.skipped_files(ALONE) == 3
@@ -437,7 +437,7 @@ def test_opencv_keeps_to_one_thread_in_every_decoder_process():
 
 def test_images_keep_the_store_label_whatever_the_decoder(tiny_root):
     source = sources.folder(str(tiny_root), 32, 36, "raise")
-    stores = folder.build(source, no_staging)
+    stores = folder.Folder().stores(source, no_staging)
     dataset = Images(stores.val, PilDecoder().transform(CenterCrop(32, 36)), "raise")
     assert [dataset[i][1] for i in range(len(dataset))] == stores.val.labels.tolist()
     assert sorted(set(stores.val.labels.tolist())) == [0, 1, 2]

@@ -1,5 +1,4 @@
 """Packed formats: a tiny tree packed, read back with the same labels and pixels; bad packs refused clearly."""
-import importlib
 import io
 import json
 import os
@@ -14,13 +13,13 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.config import ClearError, ConfigError
+from {{ cookiecutter.package }}.core.config import ClearError, ConfigError, build
 from {{ cookiecutter.package }}.data.decoder.jpeg import pil_size
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import META, folder
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
-from {{ cookiecutter.package }}.tools.pack import pack, shorter_side_to, write_order
+from {{ cookiecutter.package }}.tools.pack import pack, shorter_side_to, write_order, writer
 
 from conftest import CONF, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, hydra_run, installed
 
@@ -29,11 +28,9 @@ PACKED = installed("format", options.having("format", "packed"))
 
 def open_pack(format: str, path):
     """The format option built as its YAML file gives it (its cache, for litdata), reading `path`."""
-    module = importlib.import_module(f"{{ cookiecutter.package }}.data.format.{format}")
-    settings = {key: value for key, value in OmegaConf.to_container(OmegaConf.load(CONF / "format" / f"{format}.yaml"),
-                                                                     resolve=True).items()
-                if not key.startswith("_") and key != "path"}
-    return module.build(str(path), source=None, stage=no_staging, **settings)
+    node = OmegaConf.load(CONF / "format" / f"{format}.yaml")
+    node.path = str(path)
+    return build(node).stores(None, no_staging)
 
 
 def largest_file(path):
@@ -44,7 +41,7 @@ def largest_file(path):
 
 def original(tiny_root):
     source = sources.folder(str(tiny_root), 32, 36, "raise")
-    return folder.build(source, no_staging)
+    return folder.Folder().stores(source, no_staging)
 
 
 @pytest.mark.parametrize("format", PACKED)
@@ -154,21 +151,21 @@ def test_foreign_files_are_refused(format, packs, tiny_root, tmp_path):
 
 @pytest.mark.parametrize("format", PACKED)
 def test_failed_or_interrupted_pack_leaves_nothing_that_looks_valid(format, tiny_root, tmp_path, monkeypatch):
-    module = importlib.import_module(f"{{ cookiecutter.package }}.data.format.{format}")
-    real_write = module.write
+    kind = type(writer(format))
+    real_write = kind.write
 
-    def write_then_fail(path, records, error, **settings):
+    def write_then_fail(self, path, records, chunk_mb, error):
         def some_then_fail():
             for count, record in enumerate(records):
                 if count == 5:
                     raise error
                 yield record
 
-        real_write(path, some_then_fail(), **settings)
+        real_write(self, path, some_then_fail(), chunk_mb)
 
     for error in (OSError(28, "No space left on device"), KeyboardInterrupt()):
-        monkeypatch.setattr(module, "write", lambda path, records, **settings: write_then_fail(path, records, error,
-                                                                                               **settings))
+        monkeypatch.setattr(kind, "write", lambda self, path, records, chunk_mb: write_then_fail(
+            self, path, records, chunk_mb, error))
         with pytest.raises(ClearError if isinstance(error, OSError) else KeyboardInterrupt):
             pack(tiny_root, format, tmp_path / "out", TENSOR_SHORT_SIDE, 90, 1, False, "raise")
         assert list(tmp_path.iterdir()) == []
@@ -269,9 +266,10 @@ def test_a_disk_that_fills_during_pack_gives_one_line_and_no_pack(format, tiny_r
     disk = small_disk(1)
     if disk is None:  # no tmpfs without root: the failure raised where the format's writer writes
         disk = tmp_path / "disk"
-        module = importlib.import_module(f"{PACKAGE}.data.format.{format}")
-        monkeypatch.setattr(module, "write", lambda path, records: (_ for _ in ()).throw(
-            OSError(28, "No space left on device")))
+        def full_disk(self, path, records, chunk_mb):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(type(writer(format)), "write", full_disk)
     short_side = 320 if format == "tensor" else None  # 36 decoded images of that size overfill 1 MiB
     with pytest.raises(ClearError, match=r"^pack failed, nothing written: .*MiB free on its disk"):
         pack(tiny_root, format, disk / "out", short_side, 90, 2, False, "skip")

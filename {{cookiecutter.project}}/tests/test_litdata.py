@@ -81,7 +81,7 @@ def test_a_dropped_loader_ends_its_persistent_workers_at_once_in_the_process_tha
 
     cfg = compose_tiny(*LITDATA)
     source = build(cfg.data)
-    stores = build(cfg.format, source=source, stage=no_staging)
+    stores = build(cfg.format).stores(source, no_staging)
     splits = make_splits(source, stores, build(cfg.decoder))
     gc.collect()
     gc.disable()

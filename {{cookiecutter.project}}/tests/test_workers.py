@@ -29,7 +29,7 @@ def loader_with(train_set):
 @pytest.fixture
 def train_set(tiny_root):
     source = sources.folder(str(tiny_root), 32, 36, "raise")
-    return make_splits(source, folder.build(source, no_staging), PilDecoder()).train
+    return make_splits(source, folder.Folder().stores(source, no_staging), PilDecoder()).train
 
 
 def test_candidates_go_up_to_the_cores_and_from_none_for_a_decoder_beside_the_training_process():

@@ -127,7 +127,7 @@ def test_a_zoo_file_pillow_refuses_leaves_a_cpu_decoder_decoding_the_next_one_it
 def test_the_zoo_through_a_loader_worker_keeps_what_pillow_reads_and_skips_the_rest(name, zoo_root):
     """The data set of the zoo, one class per file, read by one worker process under data.on_error=skip."""
     source = sources.folder(str(zoo_root), CROP.size, CROP.resize, "skip")
-    splits = make_splits(source, folder.build(source, no_staging), make_decoder(name))
+    splits = make_splits(source, folder.Folder().stores(source, no_staging), make_decoder(name))
     batches = [(splits.decoder.upload(images, DEVICE, False).cpu(), labels)
                for images, labels in loader(splits.val, 8, False, num_workers=1, collate=splits.decoder.collate)]
     images, labels = torch.cat([images for images, _ in batches]), torch.cat([labels for _, labels in batches])

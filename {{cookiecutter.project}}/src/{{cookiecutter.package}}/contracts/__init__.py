@@ -6,7 +6,7 @@ loader assembly, the loop, the report, the tools) sees only the contracts below,
 
 | group        | contract                         | the options                               |
 |--------------|----------------------------------|-------------------------------------------|
-| `format`     | `Store`, two of them in `Stores` | data/format/<option>.py                   |
+| `format`     | `Format`: both splits' `Stores`  | data/format/<option>.py                   |
 | `decoder`    | `Decoder`                        | data/decoder/<option>.py                  |
 | `staging`    | `Staging`                        | data/staging.py                           |
 | `order`      | `Order`                          | data/order.py                             |
@@ -24,10 +24,10 @@ loader, a `ResumableLoader`, as the loader assembly's own is (data/loaders.py).
 Whatever the options, a batch reaching the training step is (normalised float images on the device,
 labels): workers produce uint8 HWC crops (or encoded bytes, for GPU decoders) and the device does the rest.
 """
-from .data import (Augment, Batch, Box, Crop, Decoder, EpochOrder, Layout, Order, Prefetcher, ResumableLoader, Run,
-                   Staging, Store, Stores, ToDevice)
+from .data import (Augment, Batch, Box, Crop, Decoder, EpochOrder, Format, Layout, Order, Prefetcher, ResumableLoader,
+                   Run, Staging, Store, Stores, ToDevice)
 from .loop import Exporter, Logger, Network, Preprocessing, Profiler, Stateful
 
-__all__ = ["Augment", "Batch", "Box", "Crop", "Decoder", "EpochOrder", "Exporter", "Layout", "Logger", "Network", "Order",
-           "Prefetcher", "Preprocessing", "Profiler", "ResumableLoader", "Run", "Staging", "Stateful", "Store", "Stores",
-           "ToDevice"]
+__all__ = ["Augment", "Batch", "Box", "Crop", "Decoder", "EpochOrder", "Exporter", "Format", "Layout", "Logger",
+           "Network", "Order", "Prefetcher", "Preprocessing", "Profiler", "ResumableLoader", "Run", "Staging",
+           "Stateful", "Store", "Stores", "ToDevice"]

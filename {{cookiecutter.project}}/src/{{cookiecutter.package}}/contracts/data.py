@@ -1,6 +1,7 @@
 """The data options' contracts, in the order a training batch meets them (../data/README.md): the crop, the
 store a format builds, the order, the decoder and its augmentation, the staging, the loader and the prefetcher."""
 import os
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -89,13 +90,40 @@ class Store(ABC):
 
 @dataclass
 class Stores:
-    """What a format option builds: both splits, the class names and, for a format that streams its training
-    split itself, that split's loader factory: train_loader(images, *, batch_size, seed, collate,
+    """What a `Format` opens: both splits, the class names and, for a format that streams its training split
+    itself, that split's loader factory: train_loader(images, *, batch_size, seed, collate,
     worker_init_fn, num_workers, prefetch_factor, pin_memory, persistent_workers) -> ResumableLoader."""
     train: Store
     val: Store
     classes: list[str]
     train_loader: Callable[..., "ResumableLoader"] | None = None
+
+
+class Format(ABC):
+    """One storage kind, read and written (FFCV's `Field`): a `format` option builds one from its settings. Training
+    asks it for both splits' `Stores`; `pack` writes a tree into it, split by split, where its facts say `packed`."""
+    suffix = ""  # the name pack gives a split's file after the split's own: train<suffix> (a folder of chunks: none)
+
+    @abstractmethod
+    def stores(self, source: Any, stage: "Staging") -> Stores:
+        """Both splits to train on: the tree of `source` (data.root), or the pack at the format's path; a local one
+        staged first (`stage` gives where to read it from)."""
+
+    def write(self, path: Path, records: Iterable[tuple[Any, int]], chunk_mb: float) -> None:
+        """One split's (payload, label) records, in their order, into `path`; pack runs it in a child process.
+        `chunk_mb`: the size of each piece, for a format that streams its pack in pieces; the others ignore it."""
+        raise NotImplementedError(f"{type(self).__name__} is not written by pack: its facts do not say packed")
+
+    def exists(self, out: str) -> bool:
+        """Whether a pack is at `out` already, which pack leaves alone unless told to overwrite it."""
+        return Path(out).exists()
+
+    def publish(self, written: Path, out: str) -> None:
+        """The pack written whole in the folder `written`, now at `out`: renamed over whatever `out` held, so that no
+        half-written pack is ever at `out`."""
+        if Path(out).exists():
+            shutil.rmtree(out)
+        written.rename(out)
 
 
 @dataclass(frozen=True)

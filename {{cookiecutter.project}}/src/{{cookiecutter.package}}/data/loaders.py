@@ -177,7 +177,7 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     check_fit(format, staging, decoder, order)
     started = time.perf_counter()
     source = build(data)  # 1: where the images are, the crops to cut
-    stores = build(format, source=source, stage=build(staging, world=world))  # 2 and 3: a copy in RAM, the stores
+    stores = build(format).stores(source, build(staging, world=world))  # 2 and 3: a copy in RAM, the stores
     opened = time.perf_counter()
     visiting = build(order)  # 4: the epoch's order, and the runs its workers read
     stores = replace(stores, train=visiting.reads(stores.train))

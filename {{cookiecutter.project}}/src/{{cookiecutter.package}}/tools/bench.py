@@ -148,7 +148,7 @@ def format_node(format: str, source: Source, pack_dir: Path, key: str, short_sid
 
 def stores_for(format: str, source: Source, pack_dir: Path, key: str, short_side: int) -> Stores:
     """The training split in `format`, packed from the source tree on first use."""
-    return build(format_node(format, source, pack_dir, key, short_side), source=source, stage=no_staging)
+    return build(format_node(format, source, pack_dir, key, short_side)).stores(source, no_staging)
 
 
 def train_overrides(row: dict, decoder: Decoder, format_node: DictConfig) -> list[str]:
@@ -186,7 +186,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     pack_dir, key = Path(settings.pack_dir).expanduser(), tree_key(source.root)
     nodes = {format: format_node(format, source, pack_dir, key, settings.short_side) for format in settings.formats}
     with stagings(list(settings.stagings)) as stages:
-        staged = {(format, name): timed_staging(partial(build, nodes[format], source=source), stage, copies)
+        staged = {(format, name): timed_staging(partial(build(nodes[format]).stores, source), stage, copies)
                   for format in settings.formats for name, (stage, copies) in stages.items()
                   if not (copies and options.facts("format", format).streams)}  # it streams: nothing to copy
         for workers in settings.num_workers:  # a count, or auto: each row at the count training's auto picks for it

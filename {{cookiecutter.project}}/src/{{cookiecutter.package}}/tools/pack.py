@@ -2,8 +2,6 @@
 writer in a child, and nothing half-written left looking valid."""
 import functools
 import hashlib
-import importlib
-import inspect
 import io
 import json
 import logging
@@ -18,13 +16,15 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+from omegaconf import OmegaConf
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
 from .. import options
 from ..core import failures
-from ..core.config import ClearError, ConfigError
+from ..contracts import Format
+from ..core.config import ClearError, ConfigError, build
 from ..core.files import bytes_in, disk_space, free_bytes
 from ..data.decoder import Unreadable, decoding, pillow_decode
 from ..data.decoder.jpeg import pil_size
@@ -125,12 +125,12 @@ def pack(root: Path, format: str, out: Path | str, short_side: int | None, quali
     decoded = facts.holds_pixels
     if decoded and not short_side:
         raise ConfigError(f"format={format} stores pixels at one size: pass pack.short_side=256 (or another size)")
-    module = importlib.import_module(f"..data.format.{format}", __package__)
+    kind = writer(format, endpoint_url)
     remote = str(out).startswith("s3://")
     if remote and not facts.remote:
         writers = ", ".join(f"format={name}" for name in options.having("format", "remote"))
         raise ConfigError(f"pack.out={out}: only {writers} is written to S3; pack locally for format={format}")
-    if (module.finished(str(out), endpoint_url) if remote else Path(out).exists()) and not overwrite:
+    if kind.exists(str(out)) and not overwrite:
         raise ConfigError(f"pack.out={out} exists: pick another folder or pass pack.overwrite=true")
     train, val, classes = open_tree(root)
     convert = Convert(decoded, short_side, quality)
@@ -145,21 +145,16 @@ def pack(root: Path, format: str, out: Path | str, short_side: int | None, quali
     partial.mkdir(parents=True)
     start, meta, skipped = time.perf_counter(), {"format": format, "classes": classes, "short_side": short_side,
                                                   "quality": quality if short_side else None, "splits": {}}, []
-    write = partial_write(module, chunk_mb)
     try:
         for split, store in zip(SPLITS, (train, val)):
-            file = partial / f"{split}{module.SUFFIX}"
-            kept, left_out = write_split(write, format, file, store, convert, workers, on_error, split)
+            file = partial / f"{split}{kind.suffix}"
+            kept, left_out = write_split(partial_write(kind, chunk_mb), format, file, store, convert, workers,
+                                         on_error, split)
             skipped += left_out
             meta["splits"][split] = {"file": file.name, "images": kept, "bytes": bytes_in(file)}
         (partial / META).write_text(json.dumps(meta, indent=1))
         packed_bytes = bytes_in(partial)
-        if remote:
-            module.upload(partial, str(out), endpoint_url)
-        else:
-            if Path(out).exists():
-                shutil.rmtree(out)
-            partial.rename(out)
+        kind.publish(partial, str(out))
     except BaseException as err:
         if isinstance(err, OSError):
             raise ClearError(f"pack failed, nothing written at {out}: {err}") from err
@@ -174,11 +169,19 @@ def pack(root: Path, format: str, out: Path | str, short_side: int | None, quali
             "images_per_s": images / seconds}
 
 
-def partial_write(module, chunk_mb: float):
-    """The format's write(path, records), given those of pack's settings its signature takes (a chunk size)."""
-    takes = inspect.signature(module.write).parameters
-    return functools.partial(module.write, **{key: value for key, value in {"chunk_mb": chunk_mb}.items()
-                                              if key in takes})
+def writer(format: str, endpoint_url: str | None = None) -> Format:
+    """The format option `format` as pack writes it: built from its file, with no path to read, and where it can
+    write to S3, the store's `endpoint_url`."""
+    node = OmegaConf.load(options.CONF / "format" / f"{format}.yaml")
+    node.path = None
+    if "endpoint_url" in node:
+        node.endpoint_url = endpoint_url
+    return build(node)
+
+
+def partial_write(kind: Format, chunk_mb: float):
+    """`kind.write(path, records)`, in pack's settings: what the child process that writes a split calls."""
+    return functools.partial(kind.write, chunk_mb=chunk_mb)
 
 
 def write_split(write, format: str, file: Path, store, convert: Convert, workers: int, on_error: str,

@@ -1,5 +1,5 @@
-"""Where the images are read from: `format=<option>`, one module here each, building `Stores` (contracts/);
-`python -m <package>.pack` writes the packed ones.
+"""Where the images are read from: `format=<option>`, one module here each, holding its `Format` (contracts/), the
+reader of its `Stores` and, for the packed ones, the writer `python -m <package>.pack` calls.
 
 A packed data set is a folder holding one file per split and `pack.json`, written last, that names the
 format, the classes and each file's size, so a truncated or foreign file is refused before training.
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...contracts import Store, Stores
+from ...contracts import Format, Store, Stores
 from ...core.config import ConfigError
 
 META = "pack.json"
@@ -68,3 +68,16 @@ def open_packed(path: str, stage, format: str, reader) -> Stores:
     meta = read_meta(folder, format)
     return Stores(*(reader(split_file(folder, meta, split), meta["splits"][split]) for split in SPLITS),
                   meta["classes"])
+
+
+class PackedFile(Format):
+    """A format whose pack is one file (or folder) per split beside pack.json, at `path`: its `kind` names it in
+    pack.json, and `reader(file, split)` opens a split's file."""
+    kind: str
+    reader: type[Store]
+
+    def __init__(self, path: str | None):
+        self.path = path  # None where the format is only written (pack writes to pack.out)
+
+    def stores(self, source, stage) -> Stores:
+        return open_packed(self.path, stage, self.kind, self.reader)

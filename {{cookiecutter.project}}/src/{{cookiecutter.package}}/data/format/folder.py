@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...contracts import Store, Stores
+from ...contracts import Format, Store, Stores
 from ...core.config import ConfigError
 from ...core.files import WriteError, user_cache, write_atomic
 
@@ -168,9 +168,12 @@ def open_tree(root: Path) -> tuple[ImageFiles, ImageFiles, list[str]]:
     return ImageFiles(train), ImageFiles(val), classes
 
 
-def build(source, stage) -> Stores:
-    """The tree at data.root, staged first if staging= asks."""
-    if source.root is None:
-        raise ConfigError("format=folder reads data.root: pass data.root=/path/to/imagenet")
-    train, val, classes = open_tree(stage(Path(source.root)))
-    return Stores(train, val, classes)
+class Folder(Format):
+    """The tree at data.root as it is; pack reads it, and never writes one."""
+
+    def stores(self, source, stage) -> Stores:
+        """The tree at data.root, staged first if staging= asks."""
+        if source.root is None:
+            raise ConfigError("format=folder reads data.root: pass data.root=/path/to/imagenet")
+        train, val, classes = open_tree(stage(Path(source.root)))
+        return Stores(train, val, classes)

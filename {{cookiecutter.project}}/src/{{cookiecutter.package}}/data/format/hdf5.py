@@ -8,9 +8,8 @@ import h5py
 import numpy as np
 
 from ...core.config import ConfigError
-from . import Packed, Stores, open_packed
+from . import Packed, PackedFile
 
-SUFFIX = ".h5"
 CHUNK = 1 << 20  # bytes per HDF5 chunk of the byte stream
 
 
@@ -41,20 +40,21 @@ class Hdf5Images(Packed):
                 for begin, end in zip(self.offsets[start:stop], self.offsets[start + 1:stop + 1])]
 
 
-def write(path: Path, records) -> None:
-    """Append (bytes, label) records to a new file."""
-    offsets, labels = [0], []
-    with h5py.File(path, "w") as file:
-        stream = file.create_dataset("bytes", (0,), dtype=np.uint8, maxshape=(None,), chunks=(CHUNK,))
-        for data, label in records:
-            start = offsets[-1]
-            stream.resize((start + len(data),))
-            stream[start:] = np.frombuffer(data, np.uint8)
-            offsets.append(start + len(data))
-            labels.append(label)
-        file["offsets"] = np.array(offsets, dtype=np.int64)
-        file["labels"] = np.array(labels, dtype=np.int64)
+class Hdf5(PackedFile):
+    kind = "hdf5"
+    reader = Hdf5Images
+    suffix = ".h5"
 
-
-def build(path: str, source, stage) -> Stores:
-    return open_packed(path, stage, "hdf5", Hdf5Images)
+    def write(self, path: Path, records, chunk_mb: float) -> None:
+        """Append (bytes, label) records to a new file."""
+        offsets, labels = [0], []
+        with h5py.File(path, "w") as file:
+            stream = file.create_dataset("bytes", (0,), dtype=np.uint8, maxshape=(None,), chunks=(CHUNK,))
+            for data, label in records:
+                start = offsets[-1]
+                stream.resize((start + len(data),))
+                stream[start:] = np.frombuffer(data, np.uint8)
+                offsets.append(start + len(data))
+                labels.append(label)
+            file["offsets"] = np.array(offsets, dtype=np.int64)
+            file["labels"] = np.array(labels, dtype=np.int64)

@@ -14,18 +14,13 @@ import multiprocessing
 import weakref
 from pathlib import Path
 
-from ...contracts import Store, Stores
+from ...contracts import Format, Store, Stores
 from ...core.config import ConfigError
-from . import META, SPLITS
+from . import META, SPLITS, s3
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ""  # each split is a folder of chunks
 INDEX = "index.json"
-
-
-def is_remote(path: str) -> bool:
-    return path.startswith("s3://")
 
 
 def storage_options(endpoint_url: str | None) -> dict:
@@ -40,45 +35,13 @@ def storage_options(endpoint_url: str | None) -> dict:
     return {"endpoint_url": endpoint_url}
 
 
-def s3_client(endpoint_url: str | None):
-    import boto3  # LitData's own dependency
-    return boto3.client("s3", endpoint_url=endpoint_url or None)
-
-
-def bucket_and_key(url: str) -> tuple[str, str]:
-    bucket, _, key = url.removeprefix("s3://").partition("/")
-    return bucket, key.rstrip("/")
-
-
-def sizes_at(path: str, endpoint_url: str | None) -> dict[str, int]:
-    """Every file under `path` (relative name -> bytes), local or on S3."""
-    if not is_remote(path):
-        root = Path(path).expanduser()
-        return {str(file.relative_to(root)): file.stat().st_size for file in root.rglob("*") if file.is_file()}
-    bucket, prefix = bucket_and_key(path)
-    pages = s3_client(endpoint_url).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/")
-    return {item["Key"][len(prefix) + 1:]: item["Size"] for page in pages for item in page.get("Contents", [])}
-
-
-def read_text(path: str, name: str, endpoint_url: str | None) -> str:
-    if not is_remote(path):
-        return (Path(path).expanduser() / name).read_text()
-    bucket, prefix = bucket_and_key(path)
-    return s3_client(endpoint_url).get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"].read().decode()
-
-
-def finished(path: str, endpoint_url: str | None) -> bool:
-    """Whether a complete pack (its pack.json) is at `path`."""
-    return META in sizes_at(path, endpoint_url)
-
-
 def checked_meta(path: str, endpoint_url: str | None) -> dict:
     """pack.json, once every chunk that each split's index names is there at the size it gives."""
     try:
-        files = sizes_at(path, endpoint_url)
+        files = s3.sizes_at(path, endpoint_url)
     except Exception as err:  # noqa: BLE001 - boto3 and the file system each fail their own way
         raise ConfigError(f"format.path={path} cannot be listed: {str(err).splitlines()[0]}") from None
-    if not is_remote(path) and Path(path).expanduser().is_file():
+    if not s3.is_remote(path) and Path(path).expanduser().is_file():
         raise ConfigError(f"format.path={path} is a file; pass the folder or s3:// prefix pack wrote (its pack.out, "
                           f"which holds {META})")
     if not files:
@@ -87,18 +50,18 @@ def checked_meta(path: str, endpoint_url: str | None) -> dict:
     if META not in files:
         raise ConfigError(f"{path} has no {META}: it is not a packed data set, or its pack did not finish; write it "
                           "with python -m {{ cookiecutter.package }}.pack format=litdata pack.out=<folder or s3://>")
-    meta = json.loads(read_text(path, META, endpoint_url))
+    meta = json.loads(s3.read_text(path, META, endpoint_url))
     if meta.get("format") != "litdata":
         raise ConfigError(f"{path} holds format={meta.get('format')}, not format=litdata")
     for split in SPLITS:
         if f"{split}/{INDEX}" not in files:
             raise ConfigError(f"{path}/{split} has no {INDEX}: the pack is damaged; pack it again")
-        for chunk in json.loads(read_text(path, f"{split}/{INDEX}", endpoint_url))["chunks"]:
+        for chunk in json.loads(s3.read_text(path, f"{split}/{INDEX}", endpoint_url))["chunks"]:
             name, expected = f"{split}/{chunk['filename']}", chunk["chunk_bytes"]
             if files.get(name, 0) != expected:
                 raise ConfigError(f"{path}/{name} has {files.get(name, 0)} bytes where {INDEX} says {expected}: "
                                   "truncated or missing; pack it again")
-            if not is_remote(path):
+            if not s3.is_remote(path):
                 check_header(Path(path) / name, chunk["chunk_size"])
     return meta
 
@@ -173,7 +136,7 @@ class Chunked(Store):
         return f"{self.where}[{index}]"
 
     def files(self, indices: list[int]) -> list[Path]:
-        return [] if is_remote(self.where) else sorted(Path(self.where).glob("*.bin"))  # its chunks
+        return [] if s3.is_remote(self.where) else sorted(Path(self.where).glob("*.bin"))  # its chunks
 
 
 def stream_loader_class():
@@ -236,19 +199,18 @@ def stream_loader_class():
     return Streamed
 
 
-def build(path: str, cache_dir: str, max_cache_gb: float, endpoint_url: str | None, source, stage) -> Stores:
-    """The pack at `path`; `stage` is never asked: this format's facts say it streams (the loader assembly
-    refuses a staging that copies)."""
+def streamed(path: str, cache_dir: str, max_cache_gb: float, endpoint_url: str | None) -> Stores:
+    """The pack at `path`, its chunks cached in `cache_dir`."""
     options = storage_options(endpoint_url)
     path = path.rstrip("/")
-    meta = checked_meta(path if is_remote(path) else str(Path(path).expanduser()), endpoint_url)
+    meta = checked_meta(path if s3.is_remote(path) else str(Path(path).expanduser()), endpoint_url)
     Records = split_dataset_class()
 
     def records(split: str, shuffle: bool):
         where = f"{path}/{split}"
         cache = Path(cache_dir).expanduser() / split
         cache.mkdir(parents=True, exist_ok=True)
-        return Records(where if is_remote(where) else str(Path(where).expanduser()), cache_dir=str(cache),
+        return Records(where if s3.is_remote(where) else str(Path(where).expanduser()), cache_dir=str(cache),
                        shuffle=shuffle, drop_last=True, storage_options=options,
                        max_cache_size=f"{max_cache_gb}GB",
                        batch_decode="item")  # "auto" unpacks a window of ~190 records around each shuffled read
@@ -268,25 +230,35 @@ def build(path: str, cache_dir: str, max_cache_gb: float, endpoint_url: str | No
                     for records, split in ((train, "train"), (val, "val"))), meta["classes"], train_loader)
 
 
-def write(path: Path, records, chunk_mb: float = 64) -> None:
-    """One split as LitData chunks of `chunk_mb` megabytes in the folder `path`, index.json last."""
-    from litdata.streaming.writer import BinaryWriter
-    path.mkdir()
-    writer = BinaryWriter(str(path), chunk_bytes=max(1, int(chunk_mb * 2**20)))
-    for index, (data, label) in enumerate(records):
-        writer.add_item(index, {"image": data, "label": label})
-    writer.done()
-    writer.merge()
+class Litdata(Format):
+    """LitData's chunks, local or on S3; pack writes them in a local folder first, then uploads them where asked."""
+    suffix = ""  # each split is a folder of chunks
 
+    def __init__(self, path: str | None, cache_dir: str, max_cache_gb: float, endpoint_url: str | None):
+        self.path, self.cache_dir, self.max_cache_gb, self.endpoint_url = path, cache_dir, max_cache_gb, endpoint_url
 
-def upload(folder: Path, url: str, endpoint_url: str | None) -> None:
-    """A pack written locally, to S3: the chunks, then each split's index, then pack.json, so that a reader
-    never finds pack.json before everything it vouches for."""
-    client = s3_client(endpoint_url)
-    bucket, prefix = bucket_and_key(url)
-    client.delete_object(Bucket=bucket, Key=f"{prefix}/{META}")  # an overwritten pack is invalid until done
-    files = sorted(file for file in folder.rglob("*") if file.is_file())
-    last = {folder / META, *(folder / split / INDEX for split in SPLITS)}
-    for file in [*(file for file in files if file not in last), *(folder / split / INDEX for split in SPLITS),
-                 folder / META]:
-        client.upload_file(str(file), bucket, f"{prefix}/{file.relative_to(folder)}")
+    def stores(self, source, stage) -> Stores:
+        """The pack at format.path; `stage` is never asked: this format's facts say it streams (the loader assembly
+        refuses a staging that copies)."""
+        return streamed(self.path, self.cache_dir, self.max_cache_gb, self.endpoint_url)
+
+    def write(self, path: Path, records, chunk_mb: float) -> None:
+        """One split as LitData chunks of `chunk_mb` megabytes in the folder `path`, index.json last."""
+        from litdata.streaming.writer import BinaryWriter
+        path.mkdir()
+        writer = BinaryWriter(str(path), chunk_bytes=max(1, int(chunk_mb * 2**20)))
+        for index, (data, label) in enumerate(records):
+            writer.add_item(index, {"image": data, "label": label})
+        writer.done()
+        writer.merge()
+
+    def exists(self, out: str) -> bool:
+        """A local folder, or a finished pack (its pack.json) at an S3 prefix."""
+        return META in s3.sizes_at(out, self.endpoint_url) if s3.is_remote(out) else super().exists(out)
+
+    def publish(self, written: Path, out: str) -> None:
+        """To S3, every file under `written`, each split's index then pack.json last, so that a reader never finds
+        pack.json before everything it vouches for; a local pack, renamed."""
+        if not s3.is_remote(out):
+            return super().publish(written, out)
+        s3.upload(written, out, self.endpoint_url, last=[*(f"{split}/{INDEX}" for split in SPLITS), META])

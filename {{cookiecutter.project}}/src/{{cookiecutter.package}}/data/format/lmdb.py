@@ -5,9 +5,8 @@ from pathlib import Path
 import numpy as np
 
 from ...core.config import ConfigError
-from . import Packed, Stores, open_packed
+from . import Packed, PackedFile
 
-SUFFIX = ".lmdb"
 LABELS = b"__labels__"
 
 
@@ -52,22 +51,23 @@ class LmdbImages(Packed):
             return [value for _, value in itertools.islice(cursor, stop - start)]
 
 
-def write(path: Path, records) -> None:
-    import lmdb
-    labels = []
-    # A sparse map: the file grows only as far as it is written.
-    with lmdb.open(str(path), subdir=False, map_size=1 << 40, lock=True, sync=True) as env:
-        txn = env.begin(write=True)
-        for index, (data, label) in enumerate(records):
-            txn.put(_key(index), data)
-            labels.append(label)
-            if index % 1000 == 999:
-                txn.commit()
-                txn = env.begin(write=True)
-        txn.put(LABELS, np.array(labels, dtype=np.int64).tobytes())
-        txn.commit()
-    Path(f"{path}-lock").unlink(missing_ok=True)  # readers open with lock=False; a stale lock file would be copied
+class Lmdb(PackedFile):
+    kind = "lmdb"
+    reader = LmdbImages
+    suffix = ".lmdb"
 
-
-def build(path: str, source, stage) -> Stores:
-    return open_packed(path, stage, "lmdb", LmdbImages)
+    def write(self, path: Path, records, chunk_mb: float) -> None:
+        import lmdb
+        labels = []
+        # A sparse map: the file grows only as far as it is written.
+        with lmdb.open(str(path), subdir=False, map_size=1 << 40, lock=True, sync=True) as env:
+            txn = env.begin(write=True)
+            for index, (data, label) in enumerate(records):
+                txn.put(_key(index), data)
+                labels.append(label)
+                if index % 1000 == 999:
+                    txn.commit()
+                    txn = env.begin(write=True)
+            txn.put(LABELS, np.array(labels, dtype=np.int64).tobytes())
+            txn.commit()
+        Path(f"{path}-lock").unlink(missing_ok=True)  # readers open with lock=False; a stale lock file would be copied

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from ...core.config import ConfigError
-from . import Packed, Stores, open_packed
+from . import Packed, PackedFile
 
-SUFFIX = ".u8"
 
 
 def index_path(path: Path) -> Path:
@@ -47,16 +46,17 @@ class TensorImages(Packed):
                 for offset, height, width in zip(offsets, heights, widths)]
 
 
-def write(path: Path, records) -> None:
-    """Stream (HWC uint8 array, label) records into `path`, then write the index beside it."""
-    index, offset = [], 0
-    with path.open("wb") as stream:
-        for pixels, label in records:
-            stream.write(np.ascontiguousarray(pixels, np.uint8).tobytes())
-            index.append((offset, pixels.shape[0], pixels.shape[1], label))
-            offset += pixels.size
-    np.save(index_path(path), np.array(index, dtype=np.int64).reshape(-1, 4))
+class Tensor(PackedFile):
+    kind = "tensor"
+    reader = TensorImages
+    suffix = ".u8"
 
-
-def build(path: str, source, stage) -> Stores:
-    return open_packed(path, stage, "tensor", TensorImages)
+    def write(self, path: Path, records, chunk_mb: float) -> None:
+        """Stream (HWC uint8 array, label) records into `path`, then write the index beside it."""
+        index, offset = [], 0
+        with path.open("wb") as stream:
+            for pixels, label in records:
+                stream.write(np.ascontiguousarray(pixels, np.uint8).tobytes())
+                index.append((offset, pixels.shape[0], pixels.shape[1], label))
+                offset += pixels.size
+        np.save(index_path(path), np.array(index, dtype=np.int64).reshape(-1, 4))
