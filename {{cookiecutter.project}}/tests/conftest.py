@@ -105,6 +105,11 @@ def gpu_busy():
     return lambda seconds: torch.cuda._sleep(int(seconds * cycles_per_s))
 
 
+def uploaded(decoder, images, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
+    """One collated batch's images through the decoder's uploads to `device`, as the training loop gets them."""
+    return next(decoder.uploads([(images, None)], device, non_blocking))[0]
+
+
 def encoded(image: Image.Image, format: str = "JPEG", **options) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format, **options)

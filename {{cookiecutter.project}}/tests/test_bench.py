@@ -152,7 +152,7 @@ def test_bench_runs_each_row_at_the_count_auto_picks_for_it_beside_references_of
     for (name, staging), (rates, chosen) in zip([(name, staging) for staging in ("none", "tmpfs") for name in decoders],
                                                 sweeps):
         row, tried = rows[name, staging], [int(rate.split(":")[0]) for rate in rates.split(", ")]
-        assert (0 in tried) == (built[name].ahead > 0), (name, tried)
+        assert (0 in tried) == (built[name].queued_batches > 0), (name, tried)
         assert int(chosen) in tried and f"num_workers=auto: {chosen}" in row["note"]
         ratio = float(row["images_per_s"]) / float(ceiling["images_per_s"])
         assert abs(ratio - float(row["vs_ceiling"])) < 0.02 * ratio + 0.01

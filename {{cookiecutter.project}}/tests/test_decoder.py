@@ -36,7 +36,8 @@ from {{ cookiecutter.package }}.data.loaders import check_fit
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
-from conftest import CONF, DEVICE, ODD_FILES, encoded, error_line, installed, on_this_machine, photo, summary
+from conftest import (CONF, DEVICE, ODD_FILES, encoded, error_line, installed, on_this_machine, photo, summary,
+                      uploaded)
 from zoo import ZOO, pillow_reads
 
 DECODERS = [name for name in options.options("decoder") if name != "none"]  # none: for format=tensor alone
@@ -67,7 +68,7 @@ def upload(decoder, files: list[bytes], crop, device: torch.device = DEVICE) -> 
     """The batch on `device`, as the training loop gets it: nothing waits for the device."""
     transform = decoder.transform(crop)
     images, _ = decoder.collate([(transform(data), 0) for data in files])
-    return decoder.upload(images, device, non_blocking=True)
+    return uploaded(decoder, images, device, non_blocking=True)
 
 
 def mean_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -136,7 +137,7 @@ def test_decoders_agree_on_a_data_set_labels_and_pixels(name, tiny_root):
     def validation_batch(decoder):
         splits = make_splits(source, stores, decoder)
         images, labels = next(iter(loader(splits.val, 12, False, collate=decoder.collate)))
-        return decoder.upload(images, DEVICE, False).cpu(), labels
+        return uploaded(decoder, images, DEVICE).cpu(), labels
 
     (reference, reference_labels), (result, labels) = validation_batch(PilDecoder()), validation_batch(make_decoder(name))
     assert torch.equal(labels, reference_labels)
@@ -572,7 +573,7 @@ def test_a_batch_decoders_worker_holds_a_descriptor_per_batch_not_per_image(name
         batches = iter(torch.utils.data.DataLoader(dataset, batch_size=32, num_workers=1, prefetch_factor=8,
                                                    collate_fn=decoder.collate, timeout=60))
         time.sleep(3)  # the worker fills its eight batches and holds their descriptors until they are taken
-        received = [(decoder.upload(images, DEVICE, False), labels) for images, labels in batches]
+        received = list(decoder.uploads(batches, DEVICE, False))
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert torch.equal(torch.cat([labels for _, labels in received]), torch.arange(10 * 32))
@@ -585,15 +586,15 @@ def two_batches() -> list[list[bytes]]:
 
 
 @pytest.mark.parametrize("name", DECODERS)
-def test_uploads_stream_each_batch_as_upload_makes_it_with_its_own_labels(name):
-    """A decoder may start `ahead` batches before it hands one over (DALI, whose executor decodes beside the host):
-    the stream still yields each batch as `upload` makes it alone, with its labels, though all are kept at once and
-    a pass left after its first batch (max_steps, limit_val_batches) still holds one started."""
+def test_uploads_stream_each_batch_as_it_uploads_alone_with_its_own_labels(name):
+    """A decoder may start `queued_batches` before it hands one over (DALI, whose executor decodes beside the host):
+    the stream still yields each batch as it uploads alone, with its labels, though all are kept at once and a pass
+    left after its first batch (max_steps, limit_val_batches) still holds one started."""
     decoder, crop = make_decoder(name), CenterCrop(48, 56)
     transform = decoder.transform(crop)
     batches = [decoder.collate([(transform(encoded(photo(160, 120, seed=4 * batch + item))), 4 * batch + item)
                                 for item in range(4)]) for batch in range(3)]
-    alone = [decoder.upload(images, DEVICE, False).cpu().clone() for images, _ in batches]
+    alone = [uploaded(decoder, images, DEVICE).cpu().clone() for images, _ in batches]
     assert not torch.equal(alone[0], alone[1])
     pulled = []
 
@@ -604,7 +605,7 @@ def test_uploads_stream_each_batch_as_upload_makes_it_with_its_own_labels(name):
 
     left_early = decoder.uploads(loader(), DEVICE, False)
     next(left_early)
-    assert len(pulled) == 1 + getattr(decoder, "ahead", 0), "batches started before the first was handed over"
+    assert len(pulled) == 1 + decoder.queued_batches, "batches started before the first was handed over"
     streamed = list(decoder.uploads(iter(batches), DEVICE, False))
     assert [labels.tolist() for _, labels in streamed] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     for (images, _), reference in zip(streamed, alone):

@@ -61,9 +61,10 @@ class SlowUpload(PilDecoder):
     def __init__(self, upload_s: float):
         self.upload_s = upload_s
 
-    def upload(self, images, device: torch.device, non_blocking: bool) -> torch.Tensor:
-        time.sleep(self.upload_s)
-        return super().upload(images, device, non_blocking)
+    def uploads(self, batches, device: torch.device, non_blocking: bool):
+        for batch in super().uploads(batches, device, non_blocking):
+            time.sleep(self.upload_s)
+            yield batch
 
 
 def arriving(batches: int, wait_s: float):

@@ -92,7 +92,7 @@ def test_auto_times_batches_as_the_training_step_receives_them(name, compose_tin
     built = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.order, cfg.decoder, cfg.prefetcher, cfg.loader,
                          batch_size=cfg.train.batch_size, seed=cfg.seed, world=ALONE,
                          memory_format=torch.contiguous_format)
-    beside = build(cfg.decoder).ahead > 0
+    beside = build(cfg.decoder).queued_batches > 0
     assert swept == [(torch.uint8, 4, 3)] * len(workers.candidates(2, beside))
     assert built.num_workers == (0 if beside else 1)  # all equally fast: the fewest processes
 

@@ -15,7 +15,7 @@ from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack
 
-from conftest import DEVICE, installed
+from conftest import DEVICE, installed, uploaded
 from test_data import ALONE, loader
 from test_decoder import DECODERS, make_decoder, mean_difference
 from test_format import open_pack
@@ -70,7 +70,7 @@ def outcome(decoder, data: bytes, crop: Crop) -> torch.Tensor | str:
         return f"raised {type(err).__name__} in the worker: {str(err).splitlines()[0][:120]}"
     try:
         images, _ = decoder.collate([(item, 0)])
-        return decoder.upload(images, DEVICE, False)[0].cpu()
+        return uploaded(decoder, images, DEVICE)[0].cpu()
     except Exception as err:  # noqa: BLE001
         return f"raised {type(err).__name__} at upload: {str(err).splitlines()[0][:120]}"
 
@@ -128,8 +128,8 @@ def test_the_zoo_through_a_loader_worker_keeps_what_pillow_reads_and_skips_the_r
     """The data set of the zoo, one class per file, read by one worker process under data.on_error=skip."""
     source = sources.folder(str(zoo_root), CROP.size, CROP.resize, "skip")
     splits = make_splits(source, folder.Folder().stores(source, no_staging), make_decoder(name))
-    batches = [(splits.decoder.upload(images, DEVICE, False).cpu(), labels)
-               for images, labels in loader(splits.val, 8, False, num_workers=1, collate=splits.decoder.collate)]
+    val = loader(splits.val, 8, False, num_workers=1, collate=splits.decoder.collate)
+    batches = [(images.cpu(), labels) for images, labels in splits.decoder.uploads(val, DEVICE, False)]
     images, labels = torch.cat([images for images, _ in batches]), torch.cat([labels for _, labels in batches])
     assert {splits.classes[label] for label in labels.tolist()} == set(READABLE)
     assert splits.skipped_files(ALONE) == len(ZOO) - len(READABLE)

@@ -25,9 +25,9 @@ Whatever the options, a batch reaching the training step is (normalised float im
 labels): workers produce uint8 HWC crops (or encoded bytes, for GPU decoders) and the device does the rest.
 """
 from .data import (Augment, Batch, Box, Crop, Decoder, EpochOrder, Format, Layout, Order, Prefetcher, ResumableLoader,
-                   Run, Staging, Store, Stores, ToDevice)
+                   Run, Staging, Store, Stores)
 from .loop import Exporter, Logger, Network, Preprocessing, Profiler, Stateful
 
 __all__ = ["Augment", "Batch", "Box", "Crop", "Decoder", "EpochOrder", "Exporter", "Format", "Layout", "Logger",
            "Network", "Order", "Prefetcher", "Preprocessing", "Profiler", "ResumableLoader", "Run", "Staging",
-           "Stateful", "Store", "Stores", "ToDevice"]
+           "Stateful", "Store", "Stores"]

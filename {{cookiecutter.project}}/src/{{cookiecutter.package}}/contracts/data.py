@@ -14,6 +14,7 @@ from torch.utils.data import default_collate
 
 if TYPE_CHECKING:
     from ..data.coverage import EpochTrace
+    from ..data.device import ToDevice
 
 Box = tuple[float, float, float, float]  # left, top, right, bottom, in pixels of the full-size image
 Run = tuple[int, int]  # consecutive records start..stop-1, which one loader worker reads in one request
@@ -162,10 +163,10 @@ class Order(ABC):
 
 
 class Decoder(ABC):
-    """What the data pipeline asks of every decoder: a worker transform, a collate, an upload to the device."""
-    # Batches started before the one before them is handed over: above 0 for a decoder that decodes beside the
-    # training process (DALI's executor), which can then read the files itself while the decoder works.
-    ahead = 0
+    """What the data pipeline asks of every decoder: a worker transform, a collate, and the uploads to the device."""
+    # Batches a decoder that decodes beside the training process (DALI's executor) keeps queued while the host takes
+    # the one before them: above 0, the host can read the files itself while the decoder works (data/workers.py).
+    queued_batches = 0
 
     @abstractmethod
     def transform(self, crop: Crop) -> Callable:
@@ -174,16 +175,13 @@ class Decoder(ABC):
     def collate(self, samples: list):
         return default_collate(samples)
 
-    def upload(self, images, device: torch.device, non_blocking: bool) -> torch.Tensor:
-        """A collated batch -> uint8 NCHW images on `device`."""
-        return images.to(device, non_blocking=non_blocking).permute(0, 3, 1, 2)
-
     def uploads(self, batches: Iterable, device: torch.device, non_blocking: bool
                 ) -> Iterator[tuple[torch.Tensor, Any]]:
-        """Collated (images, labels) batches -> (uploaded images, labels), in their order. A decoder that decodes
-        beside the host may start the next batch before it hands over this one."""
+        """Collated (images, labels) batches -> (uint8 NCHW images on `device`, labels), in their order: the one way a
+        batch reaches the device, which `ToDevice` (data/device.py) normalises. A decoder that decodes on the device
+        does it here, and may start the next batch before it hands over this one (`queued_batches`)."""
         for images, labels in batches:
-            yield self.upload(images, device, non_blocking), labels
+            yield images.to(device, non_blocking=non_blocking).permute(0, 3, 1, 2), labels
 
     def check_device(self, device: torch.device) -> None:
         """Refuse at start-up a device this decoder cannot feed."""
@@ -226,21 +224,11 @@ class ResumableLoader(Protocol):
         tell which images its batches hold."""
 
 
-class ToDevice(Protocol):
-    """A collated batch -> (normalised images, labels) on `device`."""
-    device: torch.device
-
-    def __call__(self, batch: Any) -> Batch: ...
-
-    def stream(self, batches: Iterable) -> Iterator[Batch]:
-        """Each of `batches` as `__call__` makes it, in order; the decoder may work on the next meanwhile."""
-
-
 class Prefetcher(ABC):
     """How batches reach the device: wraps a loader, keeps its len and its place in the epoch, and yields
     (normalised images, labels) on the device, made by `to_device`."""
 
-    def __init__(self, loader: ResumableLoader, to_device: ToDevice):
+    def __init__(self, loader: ResumableLoader, to_device: "ToDevice"):
         self.loader, self.to_device = loader, to_device
 
     def __len__(self) -> int:

@@ -65,7 +65,9 @@ class Waited:
 
 
 class ToDevice:
-    """A collated batch -> (normalised float images, labels) on the device; prefetchers choose when and where."""
+    """Collated batches -> (normalised float images, labels) on the device: the decoder's uploads, then the
+    normalisation and the model's memory format. Every batch reaches the step through `stream`; prefetchers choose
+    when and on which stream it runs."""
 
     def __init__(self, decoder: Decoder, device: torch.device, non_blocking: bool,
                  memory_format: torch.memory_format = torch.contiguous_format,
@@ -77,6 +79,7 @@ class ToDevice:
         self.times = UploadTimes()
 
     def __call__(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch, through `stream`."""
         return next(self.stream([batch]))
 
     def stream(self, batches: Iterable) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

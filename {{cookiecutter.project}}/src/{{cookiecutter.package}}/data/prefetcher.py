@@ -18,8 +18,9 @@ from contextlib import closing
 
 import torch
 
-from ..contracts import Batch, Prefetcher, ResumableLoader, ToDevice
+from ..contracts import Batch, Prefetcher, ResumableLoader
 from ..core.config import ConfigError
+from .device import ToDevice
 
 
 class NoPrefetcher(Prefetcher):

@@ -227,7 +227,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                         count = pick_num_workers(workers, splits.train, settings.batch_size,
                                                  work_of(decoder, source.crop_size),
                                                  lambda count: uploads(loader_with(count)),
-                                                 decodes_beside=decoder.ahead > 0, device=device,
+                                                 decodes_beside=decoder.queued_batches > 0, device=device,
                                                  setting="bench.num_workers", data=f"{source.root}|{format}|{staging}")
                         references.measure()
                         loader = loader_with(count, persistent=True)

@@ -98,15 +98,12 @@ class BatchDecoder(Decoder):
     def collate(self, samples: list) -> tuple[OneBuffer, torch.Tensor]:
         return OneBuffer([item for item, _ in samples]), torch.tensor([label for _, label in samples])
 
-    def upload(self, batch: OneBuffer, device: torch.device, non_blocking: bool) -> torch.Tensor:
-        return self.begin(batch, device, non_blocking)()
-
     def uploads(self, batches: Iterable, device: torch.device, non_blocking: bool
                 ) -> Iterator[tuple[torch.Tensor, Any]]:
         started = deque()
         for batch, labels in batches:
             started.append((self.begin(batch, device, non_blocking), labels))
-            if len(started) > self.ahead:
+            if len(started) > self.queued_batches:
                 crops, labels = started.popleft()
                 yield crops(), labels
         for crops, labels in started:
@@ -129,5 +126,5 @@ class BatchDecoder(Decoder):
     @abstractmethod
     def start(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> Callable[[], torch.Tensor]:
         """Start decoding `encoded`; the call returned gives its crops, uint8 NCHW on the device. A decoder whose
-        library decodes in the background returns before the decode is done, and says how many batches it starts
-        ahead (`ahead`)."""
+        library decodes in the background returns before the decode is done, and says how many batches it keeps
+        queued (`queued_batches`)."""

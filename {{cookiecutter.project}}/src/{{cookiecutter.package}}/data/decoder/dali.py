@@ -19,7 +19,7 @@ from .batch import BatchDecoder, Encoded
 
 
 class DaliDecoder(BatchDecoder):
-    ahead = 1  # one batch queued in DALI's executor while the host takes the one before it
+    queued_batches = 1  # in DALI's executor, while the host takes the one before it
 
     def __init__(self, batch_size: int, threads: int, on_cpu: bool = False):
         super().__init__(on_cpu)
