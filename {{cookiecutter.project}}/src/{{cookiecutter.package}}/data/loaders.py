@@ -229,13 +229,13 @@ def usable_decoder(decoder: DictConfig) -> None:
     """Refuse, in one line, a CPU decoder that is not installed, naming the fastest one that is. One that no one picked
     (the default decoder=turbojpeg, where it has no wheel: Linux on Arm) gives way instead, with one warning: `decoder`
     then holds the fastest CPU decoder installed here."""
-    decoding, picked = options.facts_of(decoder), f"decoder={options.name_of('decoder', decoder)}"
+    decoding, named = options.facts_of(decoder), f"decoder={options.name_of('decoder', decoder)}"
     if decoding.decode_rank and (missing := decoding.missing()):
         if not options.picked_by_default("decoder"):
             raise ConfigError(options.unavailable("decoder", decoder))
         fastest = options.fastest_cpu_decoder()
         log.warning("%s, the default, cannot run here (%s): decoding with decoder=%s, the fastest CPU decoder "
-                    "installed here", picked, missing, fastest)
+                    "installed here", named, missing, fastest)
         with open_dict(decoder):
             for key in list(decoder):
                 del decoder[key]
@@ -248,19 +248,19 @@ def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, orde
     order that reads runs of records from a format that cannot."""
     usable_decoder(decoder)
     stored, decoding = options.facts_of(format), options.facts_of(decoder)
-    picked = {group: f"{group}={options.name_of(group, node)}"
+    named = {group: f"{group}={options.name_of(group, node)}"
               for group, node in (("format", format), ("staging", staging), ("decoder", decoder), ("order", order))}
     if options.facts_of(order).in_runs and not stored.reads_runs:
-        raise ConfigError(f"{picked['order']} reads runs of consecutive records at once, which {picked['format']} "
+        raise ConfigError(f"{named['order']} reads runs of consecutive records at once, which {named['format']} "
                           f"cannot: pick {' or '.join('format=' + name for name in options.having('format', 'reads_runs'))}"
                           f" (written by pack), or order={options.default('order')}")
     if stored.holds_pixels and not decoding.takes_pixels:
-        raise ConfigError(f"{picked['format']} stores decoded pixels, so there is nothing to decode: pass "
+        raise ConfigError(f"{named['format']} stores decoded pixels, so there is nothing to decode: pass "
                           f"decoder={options.only('decoder', 'takes_pixels')}")
     if decoding.takes_pixels and not stored.holds_pixels:
-        raise ConfigError(f"{picked['decoder']} is for formats that store decoded pixels "
+        raise ConfigError(f"{named['decoder']} is for formats that store decoded pixels "
                           f"({', '.join('format=' + name for name in options.having('format', 'holds_pixels'))}), "
-                          f"and {picked['format']} stores encoded files: pick a decoder, such as "
+                          f"and {named['format']} stores encoded files: pick a decoder, such as "
                           f"decoder={options.fastest_cpu_decoder()}")
     if stored.streams and options.facts_of(staging).copies_to_ram:
-        raise ConfigError(f"{picked['staging']} has nothing to copy: {picked['format']} {stored.streams}")
+        raise ConfigError(f"{named['staging']} has nothing to copy: {named['format']} {stored.streams}")

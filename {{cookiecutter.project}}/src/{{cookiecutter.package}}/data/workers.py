@@ -91,23 +91,23 @@ def pick_num_workers(value: int | str, dataset, batch_size: int, work: str,
         return cache[key]
     batches = len(dataset) // batch_size
     if batches < WARMUP_BATCHES + TIMED_BATCHES:  # too few to time; an epoch this short is over in moments anyway
-        chosen = max(1, min(cores, batches))
+        workers = max(1, min(cores, batches))
         log.info("%s=auto: the training set has %d batches, fewer than the %d a sweep times; using %d, a worker per "
                  "core this process may use (%d) and no more than the batches", setting, batches,
-                 WARMUP_BATCHES + TIMED_BATCHES, chosen, cores)
-        return chosen
+                 WARMUP_BATCHES + TIMED_BATCHES, workers, cores)
+        return workers
     rates, spare = {}, batches - TIMED_BATCHES
     for count in candidates(cores, decodes_beside):
         warmup = min(max(WARMUP_BATCHES, WARMUP_PER_WORKER * count), spare)
         rates[count] = images_per_s(loader_with(count), batch_size, device, warmup)
     best = max(rates.values())
-    chosen = min(count for count, rate in rates.items() if rate >= (1 - CLOSE_ENOUGH) * best)
+    workers = min(count for count, rate in rates.items() if rate >= (1 - CLOSE_ENOUGH) * best)
     log.info("%s=auto: %s images/s by worker count; using %d", setting,
-             ", ".join(f"{count}: {rate:.0f}" for count, rate in rates.items()), chosen)
+             ", ".join(f"{count}: {rate:.0f}" for count, rate in rates.items()), workers)
     try:
         CACHE.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(CACHE, lambda path: path.write_text(json.dumps({**cache, key: chosen}, indent=1)))
+        write_atomic(CACHE, lambda path: path.write_text(json.dumps({**cache, key: workers}, indent=1)))
     except (OSError, WriteError) as err:
         log.warning("%s=auto: could not cache the measurement in %s (%s); the next run measures again", setting,
                     CACHE, err)
-    return chosen
+    return workers

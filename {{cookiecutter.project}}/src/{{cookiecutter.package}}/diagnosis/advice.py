@@ -45,10 +45,10 @@ class Settings:
     crop_size: int = 224
     choices: dict[str, str] = field(default_factory=dict)  # group -> option picked
 
-    def chosen(self, group: str) -> str:
-        """The option picked for `group` (its default, where the run did not say)."""
+    def option(self, group: str) -> str:
+        """The run's option of `group` (its default, where the run did not say)."""
         return self.choices.get(group) or options.default(group)
 
-    def picked(self, group: str) -> options.Facts:
-        """The facts of the option picked for `group`."""
-        return options.facts(group, self.chosen(group))
+    def facts(self, group: str) -> options.Facts:
+        """The facts of the run's option of `group`."""
+        return options.facts(group, self.option(group))

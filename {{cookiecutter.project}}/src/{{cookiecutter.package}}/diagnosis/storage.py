@@ -24,7 +24,7 @@ DEVICE_DECODING_DOMINATES = 50.0  # percent of the time to get a batch spent dec
 def workers_decode(settings: Settings) -> bool:
     """Whether the loader's workers decode: not for a decoder whose facts say `gpu`, which decodes whole batches in
     the training process (on the GPU, or on the CPU in its on_cpu mode)."""
-    return not settings.picked("decoder").gpu
+    return not settings.facts("decoder").gpu
 
 
 def storage_limits(system: dict[str, float], settings: Settings) -> bool:
@@ -63,7 +63,7 @@ def loader_cause(system: dict[str, float], hardware: Hardware, settings: Setting
                     f"decoding it on the {hardware.processor} ({upload_ms:.1f} ms a batch), {100 - share:.0f}% to "
                     "waiting for the loader's workers.")
         return (f" The training process was waiting for the loader's workers, which only read the files for "
-                f"decoder={settings.chosen('decoder')}: {100 - share:.0f}% of the time it took to get each batch, "
+                f"decoder={settings.option('decoder')}: {100 - share:.0f}% of the time it took to get each batch, "
                 f"{share:.0f}% decoding it on the {hardware.processor} ({upload_ms:.1f} ms a batch).")
     if "loader/read_share" not in system or not system.get("loader/read_ms", 0.0) + system.get("loader/decode_ms", 0.0):
         return ""
@@ -79,7 +79,7 @@ def device_decoding_side(system: dict[str, float], hardware: Hardware, settings:
     """Decode less where the batches are decoded, or decode in the workers, where the CPU has cores to spare
     (below `cpu_saturated` percent busy). Never storage's switches: reading faster would not shorten the wait."""
     fact, found = device_decoding_fact(system, hardware), []
-    if hardware.on_gpu and not settings.picked("decoder").region_decode:
+    if hardware.on_gpu and not settings.facts("decoder").region_decode:
         found += [Suggestion(key="decoder", value=option, why="Decode only what each crop keeps, on the GPU",
                              fact=f"{fact}; decoder={option} decodes only the crop's region", side="data")
                   for option in options.gpu_options("decoder")
@@ -96,15 +96,15 @@ def device_decoding_side(system: dict[str, float], hardware: Hardware, settings:
 def storage_side(system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
     """Read from RAM, read in bigger pieces, keep more reads in flight, or read less often."""
     fact, found = reading_fact(system, settings), []
-    streams = settings.picked("format").streams  # nothing for a staging option to copy: say where its chunks go
+    streams = settings.facts("format").streams  # nothing for a staging option to copy: say where its chunks go
     if streams:
         found.append(Suggestion(key="format.cache_dir", value=None, side="data", fact=fact, tunable=False,
-                                why=f"Read the chunks from RAM: format={settings.chosen('format')} {streams}"))
-    elif not settings.picked("staging").copies_to_ram:
+                                why=f"Read the chunks from RAM: format={settings.option('format')} {streams}"))
+    elif not settings.facts("staging").copies_to_ram:
         found += [Suggestion(key="staging", value=option, side="data", fact=fact,
                              why="Copy the data into RAM once, if it fits")
                   for option in options.having("staging", "copies_to_ram")]
-    if settings.picked("format").reads_runs and not settings.picked("order").in_runs:
+    if settings.facts("format").reads_runs and not settings.facts("order").in_runs:
         found += [Suggestion(key="order", value=option, side="data", fact=fact,
                              why="Read big and shuffle in memory: runs of consecutive records, one request each")
                   for option in options.having("order", "in_runs")]
@@ -114,7 +114,7 @@ def storage_side(system: dict[str, float], hardware: Hardware, settings: Setting
         found.append(Suggestion(key="loader.num_workers", value=str(more), side="data", fact=fact,
                                 why=f"Keep more reads in flight: workers waiting on reads take little CPU, so {more} "
                                 f"fit on {hardware.cores} cores (now {settings.num_workers})"))
-    if not settings.picked("format").packed:
+    if not settings.facts("format").packed:
         packs = options.having("format", "packed_for_storage")
         # Read at random, a pack still pays a request per image, and more than the image where its reads are
         # larger (an HDF5 chunk): slower than the files on the simulated NFS share (docs/benchmarks.md).

@@ -120,7 +120,7 @@ def data_side(total: Window, system: dict[str, float], hardware: Hardware, setti
     if hardware.on_gpu and not settings.pin_memory:
         found.append(Suggestion(key="loader.pin_memory", value="true", why="Copy to the GPU from page-locked memory",
                                 fact=f"{waited}, and its copies come from pageable memory", side="data"))
-    if hardware.on_gpu and not settings.picked("prefetcher").overlaps_copy:
+    if hardware.on_gpu and not settings.facts("prefetcher").overlaps_copy:
         found += [Suggestion(key="prefetcher", value=option, side="data", fact=waited,
                              why="Overlap each batch's copy with the previous step")
                   for option in options.having("prefetcher", "overlaps_copy")]
@@ -143,11 +143,11 @@ def epoch_start_side(total: Window, settings: Settings) -> list[Suggestion]:
 
 def lighter_decoding(settings: Settings, hardware: Hardware, saturated: str) -> list[Suggestion]:
     """Ways to spend less CPU per image, given what the run already uses."""
-    if settings.picked("format").holds_pixels:
+    if settings.facts("format").holds_pixels:
         return [Suggestion(key="data.crop_size", value=None, side="data", fact=saturated, tunable=False,
                            why="Nothing is decoded any more: only more cores per device, or smaller crops, will help")]
     found = []
-    decoder, fastest = settings.picked("decoder"), options.fastest_cpu_decoder()
+    decoder, fastest = settings.facts("decoder"), options.fastest_cpu_decoder()
     if (decoder.decode_rank or 0) > options.facts("decoder", fastest).decode_rank:
         found.append(Suggestion(key="decoder", value=fastest, side="data", why="Decode with the fastest CPU decoder",
                                 fact=f"{saturated}; it decodes fastest of the CPU decoders in docs/benchmarks.md's "
