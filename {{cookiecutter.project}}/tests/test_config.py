@@ -416,6 +416,6 @@ ONE_OPTION_FACTS = [("format", "holds_pixels"), ("decoder", "takes_pixels"), ("o
 def test_a_fact_that_one_option_holds_names_it_and_one_that_several_hold_is_refused():
     for group, fact in ONE_OPTION_FACTS:  # what the verdict, tune and the trials pick by a fact
         assert options.having(group, fact) == [options.only(group, fact)]
-    with pytest.raises(ConfigError, match=r"^the decoder options .*, .* declare the fact decode_rank, which exactly "
+    with pytest.raises(ConfigError, match=r"^the decoder options .*, .* declare the fact decode_us, which exactly "
                                           r"one decoder option must"):
-        options.only("decoder", "decode_rank")
+        options.only("decoder", "decode_us")

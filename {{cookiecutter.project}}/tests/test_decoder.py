@@ -248,11 +248,21 @@ def test_a_backend_whose_libraries_do_not_load_is_refused_in_one_line(name, monk
         f"reinstall the build made for this torch, pip install --force-reinstall -e '.[{facts.extra}]'")
 
 
+def test_every_cpu_decoder_declares_its_measured_cost_and_the_fastest_installed_costs_least():
+    """The cost is measured (scripts/decode_cost.py) and declared once, in each decoder's facts: a new decoder takes its
+    place by its own figure, and no other decoder's changes."""
+    cpu = [name for name in options.options("decoder")
+           if not options.facts("decoder", name).gpu and not options.facts("decoder", name).takes_pixels]
+    assert cpu and all((options.facts("decoder", name).decode_us or 0) > 0 for name in cpu), "decode_us is missing"
+    installed = [name for name in cpu if not options.facts("decoder", name).missing()]
+    assert options.fastest_cpu_decoder() == min(installed, key=lambda name: options.facts("decoder", name).decode_us)
+
+
 def test_a_cpu_decoder_this_machine_cannot_install_is_refused_naming_the_fastest_installed_one(monkeypatch):
     """The default decoder=turbojpeg where it has no wheel (Linux on Arm): its line says pip cannot help and names
     the fastest CPU decoder that is installed, which every piece of advice names instead of it."""
-    installed = sorted((options.facts("decoder", name).decode_rank, name)
-                       for name in options.having("decoder", "decode_rank") if not options.facts("decoder", name).missing())
+    installed = sorted((options.facts("decoder", name).decode_us, name)
+                       for name in options.having("decoder", "decode_us") if not options.facts("decoder", name).missing())
     packaged = [name for _, name in installed if options.facts("decoder", name).module]
     if not packaged:
         pytest.skip("no CPU decoder with a package of its own is installed here to take away")
@@ -322,8 +332,8 @@ def test_a_run_naming_no_decoder_trains_where_the_default_cannot_and_one_naming_
     env = {"PYTHONPATH": str(tmp_path / "other")}
     ran = train_cli(tmp_path / "run", env=env)
     said = [line for line in (ran.stdout + ran.stderr).splitlines() if "the default, cannot run here" in line]
-    fastest = min((options.facts("decoder", name).decode_rank, name)
-                  for name in options.having("decoder", "decode_rank")
+    fastest = min((options.facts("decoder", name).decode_us, name)
+                  for name in options.having("decoder", "decode_us")
                   if name != default and not options.facts("decoder", name).missing())[1]
     assert len(said) == 1 and said[0].endswith(f"decoding with decoder={fastest}, the fastest CPU decoder installed "
                                                "here"), said

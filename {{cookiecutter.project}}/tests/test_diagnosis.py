@@ -47,6 +47,8 @@ def test_on_a_cpu_the_cores_the_loader_takes_from_the_step_are_a_data_cost():
     assert "the loader's workers took 30% of the cores the step computes on" in on_a_cpu.verdict
     decoder = next(suggestion for suggestion in on_a_cpu.suggestions if suggestion.key == "decoder")
     assert decoder.value == options.fastest_cpu_decoder() and "took 30% of the 2 cores" in decoder.fact
+    costs = [options.facts("decoder", name).decode_us for name in (decoder.value, "pil")]
+    assert f"it takes {costs[0]:.0f} µs a training image where decoder=pil takes {costs[1]:.0f}" in decoder.fact
     assert any(suggestion.key == "format" and suggestion.value == "tensor" for suggestion in on_a_cpu.suggestions)
     on_a_gpu = diagnose(window(0.01), busy_loader, SM90, DEFAULTS)
     assert on_a_gpu.bound == "compute" and on_a_gpu.data_cost == pytest.approx(0.01)

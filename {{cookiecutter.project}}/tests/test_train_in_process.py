@@ -107,7 +107,7 @@ def test_an_option_whose_package_is_missing_stops_the_run_before_anything_is_wri
     facts, importable = options.facts(group, name), options.importable
     monkeypatch.setattr(options, "importable", lambda module: module != facts.module and importable(module))
     instead = (f"; or pick decoder={options.fastest_cpu_decoder()}, the fastest CPU decoder installed here"
-               if facts.decode_rank else "")
+               if facts.decode_us else "")
     with pytest.raises(ConfigError) as refused:
         train_in_process(choice)
     assert str(refused.value) == f"{choice}: {not_installed(facts.module, facts.extra)}{instead}"

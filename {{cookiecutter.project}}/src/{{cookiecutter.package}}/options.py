@@ -10,7 +10,7 @@
       bundles: libturbojpeg                   # name), and its files must hold this library: turbojpeg's facts
 
 and what it can do, which generic code asks instead of naming it (absent: false):
-      decode_rank: 1           # a CPU decoder's place by decode-only speed, 1 fastest (docs/benchmarks.md)
+      decode_us: 1180          # a CPU decoder's cost per training image, one process (scripts/decode_cost.py)
       takes_pixels: true       # a decoder for stores of decoded pixels
       packed: true             # a format read from what `pack` wrote
       packed_for_storage: true # ... whose long reads suit slow storage
@@ -51,7 +51,7 @@ class Facts:
     module: str | None = None
     distribution: str | None = None
     bundles: str | None = None
-    decode_rank: int | None = None
+    decode_us: float | None = None
     region_decode: bool = False
     takes_pixels: bool = False
     packed: bool = False
@@ -154,7 +154,7 @@ def unavailable(group: str, node: DictConfig) -> str | None:
     if not (missing := facts_of(node).missing()):
         return None
     instead = (f"; or pick decoder={fastest_cpu_decoder()}, the fastest CPU decoder installed here"
-               if facts_of(node).decode_rank else "")
+               if facts_of(node).decode_us else "")
     return f"{group}={name_of(group, node)}: {missing}{instead}"
 
 
@@ -173,9 +173,9 @@ def options_groups() -> list[str]:
 
 
 def fastest_cpu_decoder() -> str:
-    """Of the CPU decoders installed here, the one that decodes fastest, by its facts' decode_rank: advice names
-    only what this machine can run."""
-    return min((facts("decoder", name).decode_rank, name) for name in having("decoder", "decode_rank")
+    """Of the CPU decoders installed here, the one whose facts' measured cost per training image (decode_us) is the
+    least: advice names only what this machine can run."""
+    return min((facts("decoder", name).decode_us, name) for name in having("decoder", "decode_us")
                if not facts("decoder", name).missing())[1]
 
 

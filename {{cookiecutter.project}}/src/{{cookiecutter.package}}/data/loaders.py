@@ -230,7 +230,7 @@ def usable_decoder(decoder: DictConfig) -> None:
     (the default decoder=turbojpeg, where it has no wheel: Linux on Arm) gives way instead, with one warning: `decoder`
     then holds the fastest CPU decoder installed here."""
     decoding, named = options.facts_of(decoder), f"decoder={options.name_of('decoder', decoder)}"
-    if decoding.decode_rank and (missing := decoding.missing()):
+    if decoding.decode_us and (missing := decoding.missing()):
         if not options.picked_by_default("decoder"):
             raise ConfigError(options.unavailable("decoder", decoder))
         fastest = options.fastest_cpu_decoder()

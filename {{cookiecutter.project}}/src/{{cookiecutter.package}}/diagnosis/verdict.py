@@ -148,10 +148,11 @@ def lighter_decoding(settings: Settings, hardware: Hardware, saturated: str) -> 
                            why="Nothing is decoded any more: only more cores per device, or smaller crops, will help")]
     found = []
     decoder, fastest = settings.facts("decoder"), options.fastest_cpu_decoder()
-    if (decoder.decode_rank or 0) > options.facts("decoder", fastest).decode_rank:
+    if (decoder.decode_us or 0) > (least := options.facts("decoder", fastest).decode_us):
         found.append(Suggestion(key="decoder", value=fastest, side="data", why="Decode with the fastest CPU decoder",
-                                fact=f"{saturated}; it decodes fastest of the CPU decoders in docs/benchmarks.md's "
-                                "decode-only table"))
+                                fact=f"{saturated}; it takes {least:.0f} µs a training image where "
+                                f"decoder={settings.option('decoder')} takes {decoder.decode_us:.0f}, one process "
+                                "each (their facts' decode_us, measured by scripts/decode_cost.py)"))
     if hardware.on_gpu and not decoder.gpu:
         found += [Suggestion(key="decoder", value=option, side="data", why="Move decoding to the GPU",
                              fact=f"{saturated}; {hardware.gpu_fact}") for option in options.gpu_options("decoder")]
