@@ -3,7 +3,8 @@ import logging
 import multiprocessing
 import os
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -13,13 +14,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from .. import options
-from ..contracts import Decoder, Order, Stores
+from ..contracts import Decoder, Stores
 from ..core.config import ConfigError, build, check
 from ..core.distributed import ALONE
 from ..core.files import bytes_in
 from ..core.hardware import synchronize
 from ..data.decoder import DECODE_ERRORS, CpuDecoder
-from ..data.images import REPLACEMENTS, WrongDataSet, make_splits
+from ..data.images import REPLACEMENTS, Splits, WrongDataSet, make_splits
 from ..data.loaders import training_loader
 from ..data.sources import Source
 from ..data.staging import no_staging
@@ -160,11 +161,92 @@ def train_overrides(row: dict, decoder: Decoder, format_node: DictConfig) -> lis
             f"loader.num_workers={row['num_workers']}"]
 
 
-def orders_for(format: str, names: list[str]) -> dict[str, Order]:
-    """The orders of `names` that `format` can be read in: one reading runs of records needs a format that can."""
-    runs = options.facts("format", format).reads_runs
-    return {name: build(OmegaConf.load(options.CONF / "order" / f"{name}.yaml")) for name in names
-            if runs or not options.facts("order", name).in_runs}
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One timed loader: a point of bench's grid, each field an axis of bench.yaml's."""
+    workers: int | str  # as bench.num_workers names it: a count, or auto
+    format: str
+    staging: str
+    order: str
+    decoder: str
+
+
+def grid(settings: DictConfig, decoders: list[str], pixels: list[str], unable: list[str],
+         workers: int | str) -> Iterator[Row]:
+    """The rows of `workers`: every format, staging, order and decoder the settings name, as far as the facts let them
+    go together. A format that streams has nothing for a staging to copy, only a format that reads runs of records
+    is read in an order of runs, and a format of pixels is read by the decoder that takes them. After each format
+    and staging, a row for each decoder this machine cannot run (`unable`), in no order: it is not timed."""
+    for format in settings.formats:
+        stored = options.facts("format", format)
+        for staging in settings.stagings:
+            if stored.streams and options.facts("staging", staging).copies_to_ram:
+                continue
+            for order in settings.orders:
+                if options.facts("order", order).in_runs and not stored.reads_runs:
+                    continue
+                for decoder in pixels if stored.holds_pixels else decoders:
+                    yield Row(workers=workers, format=format, staging=staging, order=order, decoder=decoder)
+            if not stored.holds_pixels:
+                yield from (Row(workers=workers, format=format, staging=staging, order="", decoder=decoder)
+                            for decoder in unable)
+
+
+def time_row(row: Row, stores: Stores, decoder: Decoder, source: Source, settings: DictConfig, device: torch.device,
+             references: Ceilings) -> tuple[int, Timed, Splits]:
+    """The loader of `row` timed over whole epochs, the references measured beside it: (its worker count, what was
+    timed, its splits)."""
+    order = build(OmegaConf.load(options.CONF / "order" / f"{row.order}.yaml"))
+    ordered = replace(stores, train=order.reads(stores.train))
+    splits = make_splits(source, ordered, decoder)
+
+    def loader_with(count: int, persistent: bool = False):
+        return training_loader(ordered, splits.train, settings.batch_size, 0, ALONE, splits.decoder.collate, order,
+                               num_workers=count, prefetch_factor=2, pin_memory=False, persistent_workers=persistent)
+
+    def uploads(batches):
+        return splits.decoder.uploads(batches, device, True)
+
+    count = pick_num_workers(row.workers, splits.train, settings.batch_size, work_of(decoder, source.crop_size),
+                             lambda count: uploads(loader_with(count)), decodes_beside=decoder.queued_batches > 0,
+                             device=device, setting="bench.num_workers",
+                             data=f"{source.root}|{row.format}|{row.staging}")
+    references.measure()
+    loader = loader_with(count, persistent=True)
+    return count, time_epochs(loader, settings.timed_epochs, uploads, device, loader.set_epoch), splits
+
+
+def loader_row(row: Row, count: int, timed: Timed, splits: Splits, decoder: Decoder, node: DictConfig,
+               staging_s: float | str, timed_epochs: int) -> dict:
+    """bench.csv's line of a timed row."""
+    fields = {**asdict(row), "num_workers": count}
+    notes = [decoder.settings, f"num_workers=auto: {count}" if row.workers == "auto" else "",
+             "pre-decoded pixels" if options.facts("format", row.format).holds_pixels else "",
+             f"epoch start {timed.epoch_start_s:.2f} s", counted(staging_s, len(splits.train), timed.rate, timed_epochs)]
+    return {**fields, "train_with": train_overrides(fields, decoder, node), "images_per_s": timed.rate,
+            "staging_s": staging_s, "first_batch_s": timed.epoch_start_s,
+            "unreadable": int(splits.train.bad_flags().sum()), "note": "; ".join(filter(None, notes))}
+
+
+def reference_rows(workers: int | str, references: Ceilings, source: Source, settings: DictConfig,
+                   device: torch.device) -> list[dict]:
+    """The references beside the rows of `workers`: the two ceilings and the pytorch/examples baseline."""
+    references.measure()
+    cores = cores_for(workers)
+    baseline_workers = cores if workers == "auto" else workers  # a worker per core, as its users pass -j
+    baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size, baseline_workers,
+                                           settings.timed_epochs, device)
+    region = (f"{references.region.decoder} decodes the training crop's region only, 1 process x {cores} cores, "
+              "files in memory") if references.region else "not run: no decoder here decodes a region"
+    return [{"decoder": "ceiling", "format": "memory", "workers": workers, "num_workers": workers,
+             "ceiling": references.full, "note": f"{references.full.decoder} full decode, 1 process x {cores} cores, "
+                                                  f"unreadable files of the {CEILING_FILES} first skipped"},
+            {"decoder": "baseline", "format": "folder", "workers": workers, "num_workers": baseline_workers,
+             "images_per_s": baseline_rate, "reference": True, "unreadable": baseline_bad,
+             "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped" +
+                     ("; a worker per core" if workers == "auto" else "")},
+            {"decoder": "region ceiling", "format": "memory", "workers": workers, "num_workers": workers,
+             "ceiling": references.region, "note": region}]
 
 
 def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
@@ -176,6 +258,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
         if settings.decoders == "all" else list(settings.decoders)
     runnable, unable = timed_decoders(names, settings.batch_size, device)
     pixels, _ = timed_decoders(options.having("decoder", "takes_pixels"), settings.batch_size, device)
+    decoders = {**runnable, **pixels}
     cpu_decoders = {name: decoder for name, decoder in runnable.items() if isinstance(decoder, CpuDecoder)}
     data_mb = bytes_in(source.root / "train") / 1e6
     cache = f"warm: read once in warm-up; {data_mb:.0f} MB vs {psutil.virtual_memory().available / 1e9:.0f} GB free RAM"
@@ -190,67 +273,20 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
                   for format in settings.formats for name, (stage, copies) in stages.items()
                   if not (copies and options.facts("format", format).streams)}  # it streams: nothing to copy
         for workers in settings.num_workers:  # a count, or auto: each row at the count training's auto picks for it
-            references.measure()
-            cores = cores_for(workers)
-            baseline_workers = cores if workers == "auto" else workers  # a worker per core, as its users pass -j
-            baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size,
-                                                   baseline_workers, settings.timed_epochs, device)
-            written.add([{"decoder": "ceiling", "format": "memory", "workers": workers, "num_workers": workers,
-                          "ceiling": references.full,
-                          "note": f"{references.full.decoder} full decode, 1 process x {cores} cores, "
-                                  f"unreadable files of the {CEILING_FILES} first skipped"},
-                         {"decoder": "baseline", "format": "folder", "workers": workers,
-                          "num_workers": baseline_workers,
-                          "images_per_s": baseline_rate, "reference": True, "unreadable": baseline_bad,
-                          "note": "ImageFolder+PIL+ToTensor+Normalize fp32, unreadable files skipped" +
-                                  ("; a worker per core" if workers == "auto" else "")},
-                         {"decoder": "region ceiling", "format": "memory", "workers": workers, "num_workers": workers,
-                          "ceiling": references.region,
-                          "note": f"{references.region.decoder} decodes the training crop's region only, 1 process x "
-                                  f"{cores} cores, files in memory" if references.region
-                          else "not run: no decoder here decodes a region"}])
-            for (format, staging), (stores, staging_s) in staged.items():
-                holds_pixels = options.facts("format", format).holds_pixels
-                for order_name, order in orders_for(format, settings.orders).items():
-                    ordered = replace(stores, train=order.reads(stores.train))
-                    for name, decoder in (pixels if holds_pixels else runnable).items():
-                        splits = make_splits(source, ordered, decoder)
-
-                        def loader_with(count: int, persistent: bool = False):
-                            return training_loader(ordered, splits.train, settings.batch_size, 0, ALONE,
-                                                   splits.decoder.collate, order, num_workers=count, prefetch_factor=2,
-                                                   pin_memory=False, persistent_workers=persistent)
-
-                        def uploads(batches):
-                            return splits.decoder.uploads(batches, device, True)
-
-                        count = pick_num_workers(workers, splits.train, settings.batch_size,
-                                                 work_of(decoder, source.crop_size),
-                                                 lambda count: uploads(loader_with(count)),
-                                                 decodes_beside=decoder.queued_batches > 0, device=device,
-                                                 setting="bench.num_workers", data=f"{source.root}|{format}|{staging}")
-                        references.measure()
-                        loader = loader_with(count, persistent=True)
-                        timed = time_epochs(loader, settings.timed_epochs, uploads, device, loader.set_epoch)
-                        row = {"decoder": name, "format": format, "order": order_name, "staging": staging,
-                               "workers": workers, "num_workers": count}
-                        written.add([{**row, "train_with": train_overrides(row, decoder, nodes[format]),
-                                      "images_per_s": timed.rate,
-                                      "staging_s": staging_s, "first_batch_s": timed.epoch_start_s,
-                                      "unreadable": int(splits.train.bad_flags().sum()),
-                                      "note": "; ".join(filter(None, [decoder.settings,
-                                                                      f"num_workers=auto: {count}"
-                                                                      if workers == "auto" else "",
-                                                                      "pre-decoded pixels" if holds_pixels else "",
-                                                                      f"epoch start {timed.epoch_start_s:.2f} s",
-                                                                      counted(staging_s, len(splits.train), timed.rate,
-                                                                              settings.timed_epochs)]))}])
-                        log.info("%s / %s / order=%s / staging=%s / %d workers: %.0f images/s", name, format,
-                                 order_name, staging, count, timed.rate)
-                if not holds_pixels:
-                    written.add([{"decoder": name, "format": format, "staging": staging, "workers": workers,
-                                  "num_workers": workers, "images_per_s": None, "unreadable": "",
-                                  "note": f"not run: {reason}"} for name, reason in unable.items()])
+            written.add(reference_rows(workers, references, source, settings, device))
+            for row in grid(settings, list(runnable), list(pixels), list(unable), workers):
+                if row.decoder in unable:
+                    written.add([{"decoder": row.decoder, "format": row.format, "staging": row.staging,
+                                  "workers": workers, "num_workers": workers, "images_per_s": None, "unreadable": "",
+                                  "note": f"not run: {unable[row.decoder]}"}])  # in no order: nothing was read
+                    continue
+                stores, staging_s = staged[row.format, row.staging]
+                count, timed, splits = time_row(row, stores, decoders[row.decoder], source, settings, device,
+                                                references)
+                written.add([loader_row(row, count, timed, splits, decoders[row.decoder], nodes[row.format],
+                                        staging_s, settings.timed_epochs)])
+                log.info("%s / %s / order=%s / staging=%s / %d workers: %.0f images/s", row.decoder, row.format,
+                         row.order, row.staging, count, timed.rate)
     references.measure()
     written.save()  # with the last pass of the references
     if settings.probe_storage:
