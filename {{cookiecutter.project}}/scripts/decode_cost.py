@@ -53,7 +53,8 @@ def microseconds_per_image(name: str, files: list[bytes], crop_size: int, passes
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, help="a class-folder tree whose train/ files to decode (default: synthetic)")
+    parser.add_argument("--root", type=Path, help="a class-folder tree whose train/ files to decode; default: "
+                                                  "synthetic photos")
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--crop-size", type=int, default=224)
     parser.add_argument("--passes", type=int, default=5)

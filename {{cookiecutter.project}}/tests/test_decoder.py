@@ -262,7 +262,8 @@ def test_a_cpu_decoder_this_machine_cannot_install_is_refused_naming_the_fastest
     """The default decoder=turbojpeg where it has no wheel (Linux on Arm): its line says pip cannot help and names
     the fastest CPU decoder that is installed, which every piece of advice names instead of it."""
     installed = sorted((options.facts("decoder", name).decode_us, name)
-                       for name in options.having("decoder", "decode_us") if not options.facts("decoder", name).missing())
+                       for name in options.having("decoder", "decode_us")
+                       if not options.facts("decoder", name).missing())
     packaged = [name for _, name in installed if options.facts("decoder", name).module]
     if not packaged:
         pytest.skip("no CPU decoder with a package of its own is installed here to take away")

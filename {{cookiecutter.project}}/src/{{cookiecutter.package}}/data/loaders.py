@@ -201,8 +201,8 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
                                                              "persistent_workers": False}),
                                 world.device, non_blocking)
 
-    settings["num_workers"] = pick_num_workers(settings["num_workers"], splits.train, batch_size, work, swept,
-                                               decodes_beside=decoding.queued_batches > 0, device=world.device)  # 9's workers
+    settings["num_workers"] = pick_num_workers(settings["num_workers"], splits.train, batch_size, work, swept,  # 9's
+                                               decodes_beside=decoding.queued_batches > 0, device=world.device)
     counted = time.perf_counter()
     layout = agreed_layout(world, settings["num_workers"], batch_size, {  # 5: the sampler's layout, every process's
         "the number of training images": len(splits.train), "the number of validation images": len(splits.val),

@@ -222,7 +222,8 @@ def loader_row(row: Row, count: int, timed: Timed, splits: Splits, decoder: Deco
     fields = {**asdict(row), "num_workers": count}
     notes = [decoder.settings, f"num_workers=auto: {count}" if row.workers == "auto" else "",
              "pre-decoded pixels" if options.facts("format", row.format).holds_pixels else "",
-             f"epoch start {timed.epoch_start_s:.2f} s", counted(staging_s, len(splits.train), timed.rate, timed_epochs)]
+             f"epoch start {timed.epoch_start_s:.2f} s",
+             counted(staging_s, len(splits.train), timed.rate, timed_epochs)]
     return {**fields, "train_with": train_overrides(fields, decoder, node), "images_per_s": timed.rate,
             "staging_s": staging_s, "first_batch_s": timed.epoch_start_s,
             "unreadable": int(splits.train.bad_flags().sum()), "note": "; ".join(filter(None, notes))}
