@@ -18,7 +18,6 @@ the larger of the two rows' standard deviations over seeds. The table gives each
 judge otherwise.
 """
 import argparse
-import json
 import re
 import statistics
 import subprocess
@@ -26,6 +25,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from {{ cookiecutter.package }}.diagnosis.summary import Summary
 
 PACKAGE = "{{ cookiecutter.package }}"
 RECIPE = "experiment=fashion_mnist"
@@ -72,7 +73,7 @@ def ours(root: Path, variant: list[str], seed: int, epochs: int, run_dir: Path, 
     command = [sys.executable, "-m", f"{PACKAGE}.train", RECIPE, f"data.root={root}", f"seed={seed}",
                f"train.epochs={epochs}", f"hydra.run.dir={run_dir}", *overrides(variant, packs)]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return json.loads((run_dir / "summary.json").read_text())["val_top1"]
+    return Summary.read(run_dir / "summary.json").val_top1
 
 
 def reference_command(script: Path, root: Path, epochs: int, out: Path, device: str, workers: int) -> list[str]:

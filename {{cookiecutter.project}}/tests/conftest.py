@@ -30,6 +30,7 @@ atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 from {{ cookiecutter.package }} import options  # noqa: E402 - after the cache folder is set
 from {{ cookiecutter.package }}.core.failures import end_workers  # noqa: E402
 from {{ cookiecutter.package }}.core.hardware import Hardware  # noqa: E402
+from {{ cookiecutter.package }}.diagnosis.summary import Summary  # noqa: E402
 
 # A failing test's traceback can keep a loader's persistent workers alive to the end of the session; they ignore the
 # SIGTERM multiprocessing sends them at exit, which would then wait for them forever. Registered after
@@ -305,8 +306,19 @@ def error_line(stderr: str) -> str:
     return lines[-1]
 
 
-def summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+def summary(run_dir: Path) -> Summary:
+    return Summary.read(run_dir / "summary.json")
+
+
+def a_summary(**figures) -> Summary:
+    """A summary as train writes it, with `figures` and, for everything else, a CPU run of 30 steps that waited 2% of
+    the time for data and said nothing of it."""
+    plain = dict(overrides=[], choices={}, images_per_s=50.0, data_ms=10.0, host_ms=0.0, compute_ms=500.0,
+                 data_frac=0.02, host_frac=0.0, data_cost=0.02, bound="compute", verdict="", advice=[], suggestions=[],
+                 withheld=[], hardware={"device": "cpu"}, system={}, env={"device": "cpu: AMD EPYC"}, val_top1=50.0,
+                 val_top5=90.0, classes=10, steps=30, skipped_files=0, skipped_steps=0, processes=1, timing_rank=0,
+                 ranks=[], epoch_start_ms=[], coverage=[], setup={})
+    return Summary(**{**plain, **figures})
 
 
 LONGER = ("data.train_per_class=40", "train.epochs=3")

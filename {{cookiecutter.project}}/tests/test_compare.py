@@ -1,12 +1,15 @@
 """compare: finished runs side by side, here the resident-batch ceiling beside a real pipeline."""
+import json
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 
+from {{ cookiecutter.package }}.diagnosis.summary import Summary
 from {{ cookiecutter.package }}.tools.compare import table
 
-from conftest import PACKAGE, PROJECT, summary
+from conftest import PACKAGE, PROJECT, a_summary, summary
 
 
 def compare(*folders) -> subprocess.CompletedProcess:
@@ -19,9 +22,9 @@ def test_the_ceiling_and_a_real_pipeline_side_by_side(tmp_path, train_cli):
     sweep = tmp_path / "sweep"
     train_cli(tmp_path / "unused", "hydra.mode=MULTIRUN", f"hydra.sweep.dir={sweep}", "prefetcher=resident,none")
     ceiling, real = summary(sweep / "0"), summary(sweep / "1")
-    assert (ceiling["choices"]["prefetcher"], real["choices"]["prefetcher"]) == ("resident", "none")
-    assert ceiling["data_frac"] < real["data_frac"]  # the resident batch waits for no loading
-    assert ceiling["steps"] == real["steps"]
+    assert (ceiling.choices["prefetcher"], real.choices["prefetcher"]) == ("resident", "none")
+    assert ceiling.data_frac < real.data_frac  # the resident batch waits for no loading
+    assert ceiling.steps == real.steps
 
     result = compare(sweep)
     assert result.returncode == 0, result.stderr
@@ -30,15 +33,15 @@ def test_the_ceiling_and_a_real_pipeline_side_by_side(tmp_path, train_cli):
     # then the seconds to the highest top-1 level both reached, if they share one
     assert lines[2].startswith("| prefetcher | images/s | data wait | host | bound | × first | val top-1 | train top-1 |")
     assert lines[4].startswith("| resident |") and "| 1.00 |" in lines[4]
-    ratio = real["images_per_s"] / ceiling["images_per_s"]
-    assert lines[5].startswith(f"| none | {real['images_per_s']:.1f} | {100 * real['data_frac']:.0f}% | "
-                               f"{100 * real['host_frac']:.0f}% | {real['bound']} | {ratio:.2f} | "
-                               f"{real['val_top1']:.1f}% | {real['train_top1']:.1f}% |")
+    ratio = real.images_per_s / ceiling.images_per_s
+    assert lines[5].startswith(f"| none | {real.images_per_s:.1f} | {100 * real.data_frac:.0f}% | "
+                               f"{100 * real.host_frac:.0f}% | {real.bound} | {ratio:.2f} | "
+                               f"{real.val_top1:.1f}% | {real.train_top1:.1f}% |")
 
 
-def finished(overrides: list[str], images_per_s: float, val_top1: float, **more) -> tuple[dict, dict]:
-    summary = {"overrides": overrides, "images_per_s": images_per_s, "data_frac": 0.25, "host_frac": 0.0,
-               "bound": "data", "env": {"device": "cpu: AMD EPYC"}, "val_top1": val_top1, **more}
+def finished(overrides: list[str], images_per_s: float, val_top1: float, **more) -> tuple[dict, Summary]:
+    summary = a_summary(overrides=overrides, images_per_s=images_per_s, data_frac=0.25, host_frac=0.0, bound="data",
+                        env={"device": "cpu: AMD EPYC"}, val_top1=val_top1, **more)
     return dict(override.partition("=")[::2] for override in overrides), summary
 
 
@@ -74,7 +77,10 @@ def test_a_folder_without_finished_runs_is_refused_in_one_line(tmp_path):
 @pytest.mark.full
 def test_a_summary_without_the_overrides_is_refused_in_one_line(tmp_path):
     (tmp_path / "0").mkdir()
-    (tmp_path / "0/summary.json").write_text('{"images_per_s": 10.0, "data_frac": 0.1}')
+    written = asdict(a_summary())  # as a version wrote it that kept these five under other names, or not at all
+    for key in ("overrides", "host_frac", "bound", "env", "val_top1"):
+        del written[key]
+    (tmp_path / "0/summary.json").write_text(json.dumps(written))
     result = compare(tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().endswith("has no overrides, host_frac, bound, env, val_top1: it comes from an older "

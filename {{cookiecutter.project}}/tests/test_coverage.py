@@ -114,7 +114,7 @@ def test_a_stopped_and_resumed_epoch_is_checked_against_what_was_trained_before_
         assert refused, resumed.stderr[-3000:]
         return
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    epochs = summary(run_dir)["coverage"]
+    epochs = summary(run_dir).coverage
     assert [(entry["epoch"], entry["checked"], entry["images"], entry["left_out"]) for entry in epochs] == [
         (0, True, 80, 0), (1, True, 80, 0)]
     assert 0 < epochs[0]["trained_before_resume"] < 80 and epochs[1]["trained_before_resume"] == 0

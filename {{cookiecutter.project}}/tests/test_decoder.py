@@ -338,7 +338,7 @@ def test_a_run_naming_no_decoder_trains_where_the_default_cannot_and_one_naming_
                   if name != default and not options.facts("decoder", name).missing())[1]
     assert len(said) == 1 and said[0].endswith(f"decoding with decoder={fastest}, the fastest CPU decoder installed "
                                                "here"), said
-    assert summary(tmp_path / "run")["steps"] > 0
+    assert summary(tmp_path / "run").steps > 0
     refused = train_cli(tmp_path / "named", f"decoder={default}", check=False, env=env)
     assert refused.returncode != 0
     assert error_line(refused.stderr).startswith(f"error: decoder={default}: {facts.distribution} is not installed (")

@@ -193,7 +193,7 @@ def test_elastic_restart_resumes_from_the_checkpoint(tmp_path, cache_dir, tiny_r
     stderr = finish(process, timeout=400)
     assert process.returncode == 0, stderr[-3000:]
     assert RESUMED.search((run_dir / "train.log").read_text())
-    assert summary(run_dir)["steps"] == STEPS_WITH_TWO_PROCESSES
+    assert summary(run_dir).steps == STEPS_WITH_TWO_PROCESSES
 
 
 def two_processes_past_a_checkpoint(run_dir, overrides, max_restarts, cache_dir, tiny_root):
@@ -224,7 +224,7 @@ def test_a_loader_worker_killed_in_one_process_lets_torchrun_restart_the_group(t
     assert "Traceback" not in stderr
     assert re.search(r"error: a collective across the processes failed \(Connection (closed|reset) by peer", stderr)
     assert RESUMED.search((run_dir / "train.log").read_text())
-    assert summary(run_dir)["steps"] == STEPS_WITH_TWO_PROCESSES
+    assert summary(run_dir).steps == STEPS_WITH_TWO_PROCESSES
 
 
 def test_a_process_that_stops_answering_fails_the_collective_and_the_healthy_one_tells_where_it_waited(
@@ -325,7 +325,7 @@ def test_launch_script_on_two_nodes_resumes_after_a_worker_dies(tmp_path, cache_
         finish(node, timeout=400)
         assert node.returncode == 0, log.read_text()[-3000:]
     assert RESUMED.search((run_dir / "train.log").read_text())
-    assert summary(run_dir)["steps"] == STEPS_WITH_TWO_PROCESSES
+    assert summary(run_dir).steps == STEPS_WITH_TWO_PROCESSES
 
 
 def test_slurm_launcher_config_composes():
@@ -347,7 +347,7 @@ def test_submitit_launcher_trains(tmp_path, cache_dir, tiny_root, packs):
                              f"hydra.sweep.dir={sweep}", *overrides], cwd=PROJECT, capture_output=True,
                             text=True, timeout=600, env={**os.environ, **CPU_ONLY})
     assert result.returncode == 0, result.stderr[-4000:]
-    assert summary(sweep / "0")["steps"] == 3
+    assert summary(sweep / "0").steps == 3
     job_logs = list((sweep / ".submitit").glob("*/*_0_log.out"))
     assert job_logs and "==== where the time went ====" in job_logs[0].read_text(), "the report came from the job"
 
@@ -388,15 +388,15 @@ def test_the_report_names_the_one_rank_that_holds_the_others_back(fault, tmp_pat
     run_dir = tmp_path / "run"
     train_cli(run_dir, "data.train_per_class=16", "logger=jsonl", *fault, launcher=TORCHRUN, env=TWO_PROCESSES)
     result = summary(run_dir)
-    assert [(times["rank"], times["host"]) for times in result["ranks"]] == [(0, socket.gethostname())] * 1 + [
+    assert [(times["rank"], times["host"]) for times in result.ranks] == [(0, socket.gethostname())] * 1 + [
         (1, socket.gethostname())]
-    slow, fast = result["ranks"][1]["data_frac"], result["ranks"][0]["data_frac"]
+    slow, fast = result.ranks[1]["data_frac"], result.ranks[0]["data_frac"]
     if fault:
-        assert result["verdict"].startswith(f"Rank 1 on host {socket.gethostname()} holds the others back: it waited "
+        assert result.verdict.startswith(f"Rank 1 on host {socket.gethostname()} holds the others back: it waited "
                                             f"for data {100 * slow:.0f}% of the time; the other {100 * fast:.0f}%.")
-        assert [suggestion["key"] for suggestion in result["suggestions"]] == ["data.root"]
+        assert [suggestion["key"] for suggestion in result.suggestions] == ["data.root"]
     else:
-        assert not result["verdict"].startswith("Rank"), result["verdict"]
+        assert not result.verdict.startswith("Rank"), result.verdict
     windows = [json.loads(line) for line in (run_dir / "scalars.jsonl").read_text().splitlines()]
     spreads = [window for window in windows if "ranks/slowest" in window]
     assert len(spreads) == 3 and all(window["ranks/data_frac_max"] >= window["ranks/data_frac_min"]
@@ -444,4 +444,4 @@ def test_a_process_whose_nvml_fails_midway_still_gathers_the_report_with_the_oth
     assert ("sys/gpu_util is not recorded: NVML cannot give this GPU's utilisation (RuntimeError: Failed to initialize "
             "NVML: Unknown Error (faults.nvml_fails_after))") in (run_dir / "train-rank1.log").read_text()
     result = summary(run_dir)
-    assert "sys/gpu_util" not in result["system"] and result["processes"] == 2 and result["coverage"][0]["checked"]
+    assert "sys/gpu_util" not in result.system and result.processes == 2 and result.coverage[0]["checked"]

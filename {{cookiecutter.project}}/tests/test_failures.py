@@ -288,7 +288,7 @@ def test_three_interruptions_resume_to_the_weights_of_an_uninterrupted_run(tmp_p
 
     train_cli(run_dir, *EXACT, "resume=auto")
     assert 0 < stops[0] < stops[1] < stops[2] < 120, stops  # each interruption kept the progress before it
-    assert summary(run_dir)["steps"] == summary(tmp_path / "straight")["steps"] == 120
+    assert summary(run_dir).steps == summary(tmp_path / "straight").steps == 120
     expected, resumed = final_weights(tmp_path / "straight"), final_weights(run_dir)
     assert expected.keys() == resumed.keys()
     assert all(torch.equal(expected[name], resumed[name]) for name in expected), [
@@ -316,7 +316,7 @@ def test_ctrl_c_then_the_line_it_prints_resume_to_the_weights_of_an_uninterrupte
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (run_dir / ".hydra/overrides.yaml").read_text() == record, "the record stays the run's own"
     assert "resume: the run's own overrides from" in (run_dir / "train.log").read_text()
-    assert summary(run_dir)["steps"] == summary(tmp_path / "straight")["steps"] == 120
+    assert summary(run_dir).steps == summary(tmp_path / "straight").steps == 120
     expected, resumed_weights = final_weights(tmp_path / "straight"), final_weights(run_dir)
     assert all(torch.equal(expected[name], resumed_weights[name]) for name in expected)
 

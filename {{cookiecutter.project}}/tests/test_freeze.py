@@ -55,7 +55,7 @@ def test_a_fine_tune_run_trains_only_the_head_in_its_frozen_epoch(train_in_proce
     weights = torchvision.models.resnet18(num_classes=10).state_dict()
     torch.save(weights, tmp_path / "weights.pt")
     summary = train_in_process(f"model.weights={tmp_path / 'weights.pt'}", "train.freeze_epochs=1")
-    assert summary["steps"] == 6
+    assert summary.steps == 6
     trained = torch.load(train_in_process.run_dir / "last.pt")["model"]
     assert trained["fc.weight"].shape == (3, 512)
     assert [name for name in weights if not name.startswith("fc.") and not torch.equal(trained[name], weights[name])] \

@@ -132,14 +132,14 @@ def test_two_processes_train_and_validate_as_one_process_would(tmp_path, cache_d
     stderr = finish(process, timeout=400)
     assert process.returncode == 0, stderr[-3000:]
     two = summary(run_dir)
-    assert two["processes"] == 2 and two["steps"] == 2 * 3  # 24 images, batch 4 per process
+    assert two.processes == 2 and two.steps == 2 * 3  # 24 images, batch 4 per process
     one_dir = tmp_path / "one"  # the same weights, evaluated by a single process: nothing is left to train
     process = start_cli(one_dir, (*LITDATA, "train.epochs=2", f"resume={run_dir / 'last.pt'}"), cache_dir,
                         tiny_root, env=QUIET)
     stderr = finish(process, timeout=300)
     assert process.returncode == 0, stderr[-3000:]
     one = summary(one_dir)
-    assert one["processes"] == 1 and (one["val_top1"], one["val_top5"]) == (two["val_top1"], two["val_top5"])
+    assert one.processes == 1 and (one.val_top1, one.val_top5) == (two.val_top1, two.val_top5)
 
 
 EXACT = (*LITDATA, "train.epochs=8", "train.batch_size=2", "cudnn=deterministic", "loader.num_workers=2",
@@ -170,7 +170,7 @@ def test_resume_mid_epoch_reads_on_as_the_uninterrupted_run(tmp_path, cache_dir,
     train_cli(run_dir, *EXACT, "resume=auto")
     expected = torch.load(tmp_path / "straight/last.pt", map_location="cpu", weights_only=False)["model"]
     resumed = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)["model"]
-    assert summary(run_dir)["steps"] == summary(tmp_path / "straight")["steps"] == 96
+    assert summary(run_dir).steps == summary(tmp_path / "straight").steps == 96
     assert all(torch.equal(expected[name], resumed[name]) for name in expected)
 
 
@@ -184,7 +184,7 @@ def test_a_run_cut_short_on_two_processes_finishes_its_plan_on_one(tmp_path, cac
     state = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)
     assert (state["progress"]["epoch"], state["progress"]["step"], state["progress"]["images_in_epoch"]) == (1, 9, 12)
     train_cli(run_dir, *plan, "resume=auto", "loader.num_workers=1")
-    assert summary(run_dir)["steps"] == 9 + 12 // 2 + 6 * 24 // 2  # the rest of epoch 1, then 6 more of 12 steps
+    assert summary(run_dir).steps == 9 + 12 // 2 + 6 * 24 // 2  # the rest of epoch 1, then 6 more of 12 steps
 
 
 @pytest.fixture
@@ -228,7 +228,7 @@ def test_pack_to_s3_then_train_from_it(s3_server, tmp_path, cache_dir, tiny_root
     assert process.returncode == 0, stderr[-3000:]
     log = (run_dir / "train.log").read_text()
     assert "is plain HTTP: allowed for LitData's S3 client" in log
-    assert summary(run_dir)["steps"] == 2 and summary(run_dir)["processes"] == 2
+    assert summary(run_dir).steps == 2 and summary(run_dir).processes == 2
     assert any((tmp_path / "node-cache").rglob("*.bin")), "chunks were cached"
     assert "testing" not in log and "testing" not in (run_dir / ".hydra/config.yaml").read_text(), "no secret kept"
 

@@ -145,9 +145,9 @@ def test_two_nodes_train_in_blocks_and_a_node_that_dies_is_replaced_with_every_i
     assert resumed and int(resumed[2]) >= last_window, "lost more than one logging window"
     assert int(resumed[1]) == 1 and int(resumed[2]) % STEPS_PER_EPOCH, "resumed mid-epoch"
     result = summary(run_dir)
-    assert result["steps"] == STEPS_PER_EPOCH * EPOCHS and result["processes"] == 4
-    assert {times["host"] for times in result["ranks"]} == {"node0", "node1"}
-    epochs = result["coverage"]
+    assert result.steps == STEPS_PER_EPOCH * EPOCHS and result.processes == 4
+    assert {times["host"] for times in result.ranks} == {"node0", "node1"}
+    epochs = result.coverage
     assert [(entry["epoch"], entry["checked"], entry["trained"] + entry["trained_before_resume"], entry["left_out"])
             for entry in epochs] == [(epoch, True, 400, 0) for epoch in range(EPOCHS)]
     assert epochs[1]["trained_before_resume"] == int(resumed[2]) % STEPS_PER_EPOCH * 16
@@ -174,12 +174,12 @@ def test_eight_processes_name_their_straggler_and_check_every_epoch(tmp_path, ca
     stderr = finish(job, timeout=900)
     assert job.returncode == 0, stderr[-4000:]
     result = summary(run_dir)
-    assert result["processes"] == 8 and [times["rank"] for times in result["ranks"]] == list(range(8))
-    assert result["verdict"].startswith(f"Rank 5 on host {os.uname().nodename} holds the others back: it waited for "
-                                        "data"), result["verdict"]
+    assert result.processes == 8 and [times["rank"] for times in result.ranks] == list(range(8))
+    assert result.verdict.startswith(f"Rank 5 on host {os.uname().nodename} holds the others back: it waited for "
+                                        "data"), result.verdict
     spreads = [window for window in logged_windows(run_dir) if "ranks/slowest" in window]
     assert spreads and all(window["ranks/slowest"] == 5.0 for window in spreads)
-    assert [(entry["checked"], entry["trained"], entry["left_out"], entry["processes"]) for entry in result["coverage"]
+    assert [(entry["checked"], entry["trained"], entry["left_out"], entry["processes"]) for entry in result.coverage
             ] == [(True, 128, 16, 8)] * 2  # 18 images a process: 4 whole batches of 4, 2 left out
 
 
@@ -194,7 +194,7 @@ def test_eight_processes_stop_together_and_resume_on_four_with_every_image_once(
                               *tiny(("logger=jsonl", *sizes), cache_dir, tiny_root)],
                              cwd=PROJECT, capture_output=True, text=True, timeout=900, env={**os.environ, **CPU_ONLY})
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    epochs = summary(run_dir)["coverage"]
+    epochs = summary(run_dir).coverage
     assert epochs[0]["trained_before_resume"] == int(stopped[2]) and epochs[0]["processes"] == 4
     assert all(entry["checked"] and entry["trained"] + entry["trained_before_resume"] + entry["left_out"] == 480
                for entry in epochs)

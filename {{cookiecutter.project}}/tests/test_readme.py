@@ -42,7 +42,7 @@ def test_the_first_screen_trains_on_a_class_folder_tree_and_ends_with_the_report
     overrides = own_data_overrides(first_screen()[1])
     result = train_cli(tmp_path / "run", *overrides)
     assert "==== where the time went ====" in result.stdout + result.stderr
-    assert summary(tmp_path / "run")["choices"]["data"] == "folder"
+    assert summary(tmp_path / "run").choices["data"] == "folder"
 
 
 def test_the_first_screen_tune_command_passes_the_checks(cache_dir, tiny_root, tmp_path):

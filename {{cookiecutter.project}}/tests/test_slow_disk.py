@@ -136,14 +136,14 @@ def test_a_data_bound_run_on_the_slow_disk_gets_the_storage_verdict_and_local_de
     with slow_disk(tiny_root, tmp_path / "hdd", "hdd", "--open-ms", "250"):  # reads far slower than the step
         on_disk = train_in_process("data=folder", f"data.root={tmp_path / 'hdd'}", "loader.num_workers=1",
                                    "model.name=mobilenet_v3_small")
-    assert on_disk["bound"] == "data", ("on the slow disk", on_disk["verdict"], on_disk["system"])
-    assert "waiting on storage" in on_disk["verdict"], on_disk["verdict"]
-    keys = {suggestion["key"] for suggestion in on_disk["suggestions"]}
+    assert on_disk.bound == "data", ("on the slow disk", on_disk.verdict, on_disk.system)
+    assert "waiting on storage" in on_disk.verdict, on_disk.verdict
+    keys = {suggestion["key"] for suggestion in on_disk.suggestions}
     assert {"staging", "format"} <= keys and "decoder" not in keys
-    assert on_disk["system"]["loader/read_share"] > 50
+    assert on_disk.system["loader/read_share"] > 50
     local = train_in_process("data=folder", f"data.root={png_tree(tiny_root, tmp_path / 'png')}", "decoder=pil",
                              "loader.num_workers=0", "model.name=mobilenet_v3_small", "train.batch_size=8",
                              "train.log_every=1")  # a light step and lossless files, so that decoding shows
-    assert local["bound"] == "data" and "busy decoding" in local["verdict"], ("local", local["verdict"], local["system"])
-    assert not {"staging", "format"} & {suggestion["key"] for suggestion in local["suggestions"]
+    assert local.bound == "data" and "busy decoding" in local.verdict, ("local", local.verdict, local.system)
+    assert not {"staging", "format"} & {suggestion["key"] for suggestion in local.suggestions
                                         if suggestion["value"] != "tensor"}

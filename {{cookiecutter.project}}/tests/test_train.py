@@ -31,7 +31,7 @@ STEPS_PER_EPOCH = 6  # 3 classes x 8 images, batch 4
 def test_resume_continues_counting_from_the_checkpoint(tmp_path, train_cli):
     run_dir = tmp_path / "run"
     train_cli(run_dir, "train.max_steps=4", "train.epochs=2")
-    assert summary(run_dir)["steps"] == 4
+    assert summary(run_dir).steps == 4
     first_weights = (run_dir / "last.pt").read_bytes()
 
     result = train_cli(run_dir, "resume=auto", "train.epochs=2")
@@ -39,11 +39,11 @@ def test_resume_continues_counting_from_the_checkpoint(tmp_path, train_cli):
     assert re.search(r"resumed from .*last\.pt at epoch 0, step 4 \(16 images of the epoch trained\)", log), \
         result.stderr[-2000:]
     # The cut epoch carries on from its fifth batch, then the second epoch: as if never stopped.
-    assert summary(run_dir)["steps"] == 2 * STEPS_PER_EPOCH
+    assert summary(run_dir).steps == 2 * STEPS_PER_EPOCH
     assert (run_dir / "last.pt").read_bytes() != first_weights
 
     train_cli(run_dir, "resume=auto", "train.epochs=2")  # nothing left to do: reports, trains no step
-    assert summary(run_dir)["steps"] == 2 * STEPS_PER_EPOCH
+    assert summary(run_dir).steps == 2 * STEPS_PER_EPOCH
 
 
 @pytest.mark.full
@@ -53,7 +53,7 @@ def test_unreadable_images_are_counted_in_the_summary(tmp_path, tiny_root, train
     (root / "val/class_001/text.JPEG").write_text("not an image")
     run_dir = tmp_path / "run"
     train_cli(run_dir, "data=folder", f"data.root={root}", "train.batch_size=5")  # 25 images: none dropped
-    assert summary(run_dir)["skipped_files"] == 2
+    assert summary(run_dir).skipped_files == 2
     log = (run_dir / "train.log").read_text()
     assert "skipping unreadable image" in log and "empty.JPEG" in log and "text.JPEG" in log
 
@@ -65,11 +65,11 @@ def test_a_few_unreadable_files_get_the_same_decision_in_every_epoch_and_after_a
     data = ("data=folder", f"data.root={tree_with_bad_files}", "train.batch_size=11")
     straight = tmp_path / "straight"
     train_cli(straight, *data, "train.epochs=5")
-    assert summary(straight)["steps"] == 5 and summary(straight)["skipped_files"] == 3
+    assert summary(straight).steps == 5 and summary(straight).skipped_files == 3
     cut = tmp_path / "cut"
     train_cli(cut, *data, "train.epochs=2")
     train_cli(cut, *data, "train.epochs=5", "resume=auto")
-    assert summary(cut)["steps"] == 5 and summary(cut)["skipped_files"] == 3
+    assert summary(cut).steps == 5 and summary(cut).skipped_files == 3
     import torch
 
     held = torch.load(cut / "last.pt", map_location="cpu")["unreadable"]
@@ -104,8 +104,8 @@ def test_every_data_option_trains_through_the_command_line(group, option, tmp_pa
     run_dir = tmp_path / "run"
     train_cli(run_dir, choice, *on_this_machine(choice), "loader.num_workers=1")
     result = summary(run_dir)
-    assert result["choices"][group] == option and result["steps"] == STEPS_PER_EPOCH
-    assert result["images_per_s"] > 0 and 0 <= result["val_top1"] <= 100
+    assert result.choices[group] == option and result.steps == STEPS_PER_EPOCH
+    assert result.images_per_s > 0 and 0 <= result.val_top1 <= 100
 
 
 
@@ -141,15 +141,15 @@ def test_the_report_tells_a_starved_pipeline_from_the_compute_ceiling(overrides,
     of the verdict's threshold: a read of 10 ms an image, as from a slow disk, starves the step on any CPU."""
     train_cli(tmp_path / "run", *STARVED_OR_NOT, *overrides)
     result = summary(tmp_path / "run")
-    assert result["bound"] == bound, result["verdict"]
-    assert result["verdict"].startswith("Data loading is not") == (bound == "compute")
-    assert (result["data_frac"] < 0.02) == (bound == "compute")
+    assert result.bound == bound, result.verdict
+    assert result.verdict.startswith("Data loading is not") == (bound == "compute")
+    assert (result.data_frac < 0.02) == (bound == "compute")
 
 
-def consistent(result: dict, batch_size: int) -> bool:
+def consistent(result, batch_size: int) -> bool:
     """Throughput and the three per-step times come from the same windows: images/s = batch / step time."""
-    step_ms = result["data_ms"] + result["host_ms"] + result["compute_ms"]
-    return result["images_per_s"] == pytest.approx(1000 * batch_size / step_ms, rel=1e-6)
+    step_ms = result.data_ms + result.host_ms + result.compute_ms
+    return result.images_per_s == pytest.approx(1000 * batch_size / step_ms, rel=1e-6)
 
 
 @pytest.mark.full
@@ -159,14 +159,14 @@ def test_torchrun_two_processes_share_one_run_folder(tmp_path, train_cli):
     train_cli(run_dir, "train.epochs=2", "staging=tmpfs", f"staging.dir={tmp_path / 'shm'}", launcher=launcher,
               env=TWO_PROCESSES)
     # 24 training images, 2 processes, batch 4 each: 3 steps per epoch per process.
-    assert summary(run_dir)["steps"] == 2 * 3
-    assert summary(run_dir)["processes"] == 2 and summary(run_dir)["timing_rank"] in (0, 1)
+    assert summary(run_dir).steps == 2 * 3
+    assert summary(run_dir).processes == 2 and summary(run_dir).timing_rank in (0, 1)
     assert consistent(summary(run_dir), batch_size=4)  # every timing figure from one process
     assert (run_dir / "train-rank1.log").exists() and "(2 processes)" in (run_dir / "train-rank1.log").read_text()
     # The same checkpoint evaluated by one process gives the same top-1: no image counted twice or missed.
     single = tmp_path / "single"
     train_cli(single, f"resume={run_dir / 'last.pt'}", "train.epochs=2")
-    assert summary(single)["val_top1"] == summary(run_dir)["val_top1"]
+    assert summary(single).val_top1 == summary(run_dir).val_top1
     assert len(list((run_dir / "tb").glob("events.*"))) == 1
     assert sorted(p.name for p in run_dir.glob("*.pt")) == ["best.pt", "last.pt"]
     log = (run_dir / "train.log").read_text()
@@ -180,7 +180,7 @@ def test_compute_switches_train_on_the_cpu(tmp_path, train_cli):
     run_dir = tmp_path / "run"
     train_cli(run_dir, "precision=bf16", "model.channels_last=true", "cudnn=benchmark")
     result = summary(run_dir)
-    assert result["steps"] == STEPS_PER_EPOCH and result["skipped_steps"] == 0 and result["images_per_s"] > 0
+    assert result.steps == STEPS_PER_EPOCH and result.skipped_steps == 0 and result.images_per_s > 0
 
 
 @pytest.mark.full
@@ -189,8 +189,8 @@ def test_bf16_channels_last_and_compile_train_on_the_gpu(tmp_path, train_cli):
     run_dir = tmp_path / "run"
     train_cli(run_dir, "precision=bf16", "model.channels_last=true", "model.compile=true", "cudnn=benchmark")
     result = summary(run_dir)
-    assert result["env"]["device"].startswith("cuda") and result["steps"] == STEPS_PER_EPOCH
-    assert result["skipped_steps"] == 0 and result["images_per_s"] > 0
+    assert result.env["device"].startswith("cuda") and result.steps == STEPS_PER_EPOCH
+    assert result.skipped_steps == 0 and result.images_per_s > 0
     assert "model.compile=true: compiled in" in (run_dir / "train.log").read_text()
 
 
@@ -203,9 +203,9 @@ def test_a_slow_host_on_the_gpu_reads_as_host_overhead(tmp_path, train_cli):
         train_cli(tmp_path / f"delay{delay}", f"faults.host_delay_ms={delay}", "loader.num_workers=2")
         results[delay] = summary(tmp_path / f"delay{delay}")
     slow = results[50]
-    assert slow["bound"] == "host" and slow["verdict"].startswith("The host is the bottleneck"), slow["verdict"]
-    assert slow["host_ms"] - results[0]["host_ms"] == pytest.approx(50, rel=0.3)
-    assert slow["data_frac"] < 0.1
+    assert slow.bound == "host" and slow.verdict.startswith("The host is the bottleneck"), slow.verdict
+    assert slow.host_ms - results[0].host_ms == pytest.approx(50, rel=0.3)
+    assert slow.data_frac < 0.1
 
 
 @pytest.mark.full
@@ -249,7 +249,7 @@ def test_sigterm_mid_epoch_saves_the_position_and_resume_finishes_the_run(tmp_pa
     train_cli(run_dir, *LONGER, "resume=auto")
     log = (run_dir / "train.log").read_text()
     assert f"at epoch {stopped[2]}, step {step} ({stopped[3]} images of the epoch trained)" in log
-    assert summary(run_dir)["steps"] == 90  # the step count carried on to the planned end
+    assert summary(run_dir).steps == 90  # the step count carried on to the planned end
     import torch
 
     windows = torch.load(run_dir / "last.pt", weights_only=False)["windows"]["windows"]

@@ -3,6 +3,7 @@ line before anything is written. The fast tier's run; the command-line runs are 
 import json
 import logging
 import re
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -21,20 +22,20 @@ from conftest import BAD_INPUT
 
 def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_in_process):
     summary = train_in_process()
-    assert summary["steps"] == 6 and summary["skipped_files"] == 0  # 3 classes x 8 images, batch 4
-    assert json.loads(json.dumps(summary)) == json.loads((train_in_process.run_dir / "summary.json").read_text())
+    assert summary.steps == 6 and summary.skipped_files == 0  # 3 classes x 8 images, batch 4
+    assert json.loads(json.dumps(asdict(summary))) == json.loads((train_in_process.run_dir / "summary.json").read_text())
     assert (train_in_process.run_dir / "last.pt").is_file() and any((train_in_process.run_dir / "tb").iterdir())
     best = torch.load(train_in_process.run_dir / "best.pt")  # what evaluate, predict and export read
-    assert best["best_top1"] == summary["val_top1"]
+    assert best["best_top1"] == summary.val_top1
     assert best["inference"]["classes"] == ["class_000", "class_001", "class_002"]
-    assert summary["bound"] in ("data", "compute") and summary["images_per_s"] > 0
-    assert {"loader/read_share", "loader/upload_share"} <= set(summary["system"])  # the workers' and the uploads'
-    assert Hardware.from_record(summary["hardware"]) == probe(torch.device(summary["hardware"]["device"]))
-    assert [suggestion["key"] for suggestion in summary["suggestions"]] and len(summary["suggestions"]) == len(
-        summary["advice"])
+    assert summary.bound in ("data", "compute") and summary.images_per_s > 0
+    assert {"loader/read_share", "loader/upload_share"} <= set(summary.system)  # the workers' and the uploads'
+    assert Hardware.from_record(summary.hardware) == probe(torch.device(summary.hardware["device"]))
+    assert [suggestion["key"] for suggestion in summary.suggestions] and len(summary.suggestions) == len(
+        summary.advice)
     assert all(line.endswith(f"({suggestion['fact']}).")
-               for line, suggestion in zip(summary["advice"], summary["suggestions"]))
-    setup = summary["setup"]  # before the first step, by stage, and the first batch after it
+               for line, suggestion in zip(summary.advice, summary.suggestions))
+    setup = summary.setup  # before the first step, by stage, and the first batch after it
     assert 0 < setup["data_s"] + setup["workers_s"] <= setup["total_s"] and setup["first_batch_s"] > 0
 
 
@@ -46,21 +47,21 @@ def test_training_top1_is_logged_per_window_and_the_epochs_is_reported_beside_va
     windows = [json.loads(line) for line in (train_in_process.run_dir / "scalars.jsonl").read_text().splitlines()]
     top1s = [window["train/top1"] for window in windows if "train/top1" in window]
     assert len(top1s) == 3  # 6 steps, a window every 2 steps of 4 images
-    assert summary["train_top1"] == pytest.approx(sum(top1s) / 3) and (summary["classes"], summary["val_top5"]) == (
+    assert summary.train_top1 == pytest.approx(sum(top1s) / 3) and (summary.classes, summary.val_top5) == (
         3, None)
     assert not any("val/top5" in window for window in windows)
     (line,) = [record.getMessage() for record in caplog.records if "val top-1" in record.getMessage()]
-    assert line == (f"epoch 1 step 6: val top-1 {summary['val_top1']:.2f}% (chance 33.33%); train top-1 "
-                    f"{summary['train_top1']:.2f}% on the epoch's batches")
+    assert line == (f"epoch 1 step 6: val top-1 {summary.val_top1:.2f}% (chance 33.33%); train top-1 "
+                    f"{summary.train_top1:.2f}% on the epoch's batches")
 
 
 def test_a_run_in_blocks_trains_every_step_and_keeps_the_layout_its_epoch_was_drawn_for(train_in_process):
     summary = train_in_process("format=hdf5", "order=blocks", "order.block=4", "order.window=2",
                                "loader.num_workers=2")
-    assert summary["steps"] == 6 and summary["skipped_files"] == 0
+    assert summary.steps == 6 and summary.skipped_files == 0
     saved = torch.load(train_in_process.run_dir / "last.pt", weights_only=False)
     assert saved["loader"] == {"layout": {"processes": 1, "workers": (2,), "batch_size": 4}}
-    assert [(entry["trained"], entry["left_out"]) for entry in summary["coverage"]] == [(24, 0)]
+    assert [(entry["trained"], entry["left_out"]) for entry in summary.coverage] == [(24, 0)]
 
 
 def test_workers_started_again_at_every_epoch_show_in_its_start_and_get_named(train_in_process):
@@ -71,22 +72,22 @@ def test_workers_started_again_at_every_epoch_show_in_its_start_and_get_named(tr
     windows = [Window(**window) for window, _ in torch.load(train_in_process.run_dir / "last.pt",
                                                             weights_only=False)["windows"]["windows"]]
     kept = train_in_process(*shrunk, "loader.persistent_workers=true")
-    assert len(restarting["epoch_start_ms"]) == len(kept["epoch_start_ms"]) == 3
-    assert sum(restarting["epoch_start_ms"][1:]) > sum(kept["epoch_start_ms"][1:])
+    assert len(restarting.epoch_start_ms) == len(kept.epoch_start_ms) == 3
+    assert sum(restarting.epoch_start_ms[1:]) > sum(kept.epoch_start_ms[1:])
     # Named where, after the first window, the starts cost the share the rule asks for (7-20% measured here).
     after_the_first = sum(windows[1:], Window())
     costly = after_the_first.epoch_start_s >= EPOCH_START_SHARE * after_the_first.wall_s
-    named = [suggestion for suggestion in restarting["suggestions"] if suggestion["key"] == "loader.persistent_workers"]
+    named = [suggestion for suggestion in restarting.suggestions if suggestion["key"] == "loader.persistent_workers"]
     assert len(named) == costly and all(keep["value"] == "true" and "ms for its first batch" in keep["fact"]
                                         for keep in named)
-    assert "loader.persistent_workers" not in {suggestion["key"] for suggestion in kept["suggestions"]}
+    assert "loader.persistent_workers" not in {suggestion["key"] for suggestion in kept.suggestions}
 
 
 def test_a_step_that_does_not_come_leaves_every_threads_stack_and_the_run_goes_on(train_in_process, caplog):
     """Each forward pass sleeps 1.5 s (faults.host_delay_ms): four times the 0.36 s distributed.stall_min allows."""
     summary = train_in_process("faults.host_delay_ms=1500", "distributed.stall_min=0.006", "train.max_steps=2",
                                "train.limit_val_batches=1")
-    assert summary["steps"] == 2
+    assert summary.steps == 2
     stacks = (train_in_process.run_dir / "stacks-rank0.txt").read_text()
     assert re.search(r"^==== rank 0, pid \d+, .*: no progress for \d+ s \(distributed.stall_min=0.006\) ====$",
                      stacks, re.MULTILINE)
@@ -131,7 +132,7 @@ def test_train_clip_grad_norm_reaches_every_step(train_in_process, monkeypatch):
     monkeypatch.setattr(Precision, "clip", lambda self, optimizer, max_norm: (limits.append(max_norm),
                                                                                clip(self, optimizer, max_norm)))
     summary = train_in_process("train.clip_grad_norm=0.5")
-    assert len(limits) == summary["steps"] > 0 and set(limits) == {0.5}
+    assert len(limits) == summary.steps > 0 and set(limits) == {0.5}
 
 
 def test_train_ema_decay_validates_and_saves_the_average_that_evaluate_uses(train_in_process, monkeypatch):
@@ -149,7 +150,7 @@ def test_train_ema_decay_validates_and_saves_the_average_that_evaluate_uses(trai
     monkeypatch.setattr(train_module, "evaluate", recording)
     summary = train_in_process("train.ema_decay=0.9", "train.epochs=2")
     last, inference = load_trained(str(train_in_process.run_dir / "last.pt"), torch.device("cpu"))
-    assert len(scored) == 2 and last["ema"]["updates"] == summary["steps"]
+    assert len(scored) == 2 and last["ema"]["updates"] == summary.steps
     for name, tensor in last["ema"]["weights"].items():
         assert torch.equal(tensor, scored[-1][name]), name  # the last validation scored the saved average
     assert not torch.equal(last["ema"]["weights"]["fc.weight"], last["model"]["fc.weight"])  # not the live weights
@@ -163,14 +164,14 @@ def test_train_mixup_and_cutmix_reach_every_step_with_soft_targets(train_in_proc
     monkeypatch.setattr(torch.nn.CrossEntropyLoss, "forward",
                         lambda self, output, target: (targets.append(target), criterion(self, output, target))[1])
     summary = train_in_process("train.mixup_alpha=0.2", "train.cutmix_alpha=1.0")
-    assert len(targets) == summary["steps"] > 0  # validation scores without the loss
+    assert len(targets) == summary.steps > 0  # validation scores without the loss
     assert all(target.shape == (4, 3) and torch.allclose(target.sum(dim=1), torch.ones(4)) for target in targets)
 
 
 def test_train_accumulate_steps_once_per_group_and_trains_every_image(train_in_process, caplog):
     caplog.set_level(logging.INFO)
     summary = train_in_process("train.accumulate=4", "train.epochs=2")
-    assert summary["steps"] == 4  # 6 batches an epoch: a step of 4, then one of the last 2
+    assert summary.steps == 4  # 6 batches an epoch: a step of 4, then one of the last 2
     assert len(re.findall(r"epoch \d trained each of its 24 images once", caplog.text)) == 2, caplog.text
 
 

@@ -16,7 +16,7 @@ from {{ cookiecutter.package }}.diagnosis.verdict import Suggestion, faster_prec
 from {{ cookiecutter.package }}.tools.trials import Ranks, Trials
 from {{ cookiecutter.package }}.tools.tune.plan import PackOffer, moves
 
-from conftest import AVX2, CONF, PACKAGE, PROJECT, QUIET, summary, tiny
+from conftest import AVX2, CONF, PACKAGE, PROJECT, QUIET, a_summary, summary, tiny
 
 SHORT = ("tune.repeats=2", "tune.steps=9", "tune.log_every=3", "train.batch_size=8")
 FASTEST = faster_precision(probe(torch.device("cpu")))  # this machine's: bf16 only where it is native
@@ -69,7 +69,7 @@ def test_a_starved_run_gets_faster_and_its_tuned_yaml_trains(tmp_path, cache_dir
                                                       tiny_root), f"hydra.run.dir={run_dir}"],
                           cwd=PROJECT, capture_output=True, text=True, timeout=300, env={**os.environ, **QUIET})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert summary(run_dir)["steps"] > 0
+    assert summary(run_dir).steps > 0
     composed = (run_dir / ".hydra/config.yaml").read_text()
     assert f"num_workers: {tuned['loader.num_workers']}" in composed
 
@@ -97,9 +97,9 @@ def test_a_candidate_that_fails_is_recorded_with_its_reason_and_tuning_goes_on(t
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("tune", [*given, *SHORT, "tune.budget_min=3", f"tune.pack_dir={tmp_path / 'packs'}"])
     refused = Suggestion(key="loader.prefetch_factor", value="0", why="Try", fact="refused", side="data")
-    starved = {"bound": "data", "data_frac": 0.5, "data_cost": 0.5, "host_frac": 0.0, "env": {"device": "cpu: x86_64"},
-               "hardware": AVX2.record(), "suggestions": [refused.record()], "withheld": [],
-               "choices": {"format": "folder", "decoder": "pil", "prefetcher": "none", "staging": "none"}}
+    starved = a_summary(bound="data", data_frac=0.5, data_cost=0.5, host_frac=0.0, env={"device": "cpu: x86_64"},
+                        hardware=AVX2.record(), suggestions=[refused.record()], withheld=[],
+                        choices={"format": "folder", "decoder": "pil", "prefetcher": "none", "staging": "none"})
     advised, _ = moves(starved, cfg, None)
     assert advised[0] == [{"loader.prefetch_factor": "0"}]  # what the advice names is tried first
     monkeypatch.setattr(tuning, "moves", lambda *args: ([advised[0], [{"loader.num_workers": "1"}]], []))
@@ -109,7 +109,8 @@ def test_a_candidate_that_fails_is_recorded_with_its_reason_and_tuning_goes_on(t
     by_change = {" ".join(f"{key}={value}" for key, value in trial.change.items()): trial for trial in result["trials"]}
     failed, after = by_change["loader.prefetch_factor=0"], by_change["loader.num_workers=1"]
     assert not failed.summary and failed.note == "error: loader.prefetch_factor=0 is out of range: it must be at least 1"
-    assert after.summary.get("steps") == 9 or after.window, "tuning went on: the next candidate ran (or was stopped)"
+    assert (after.summary and after.summary.steps == 9) or after.window, \
+        "tuning went on: the next candidate ran (or was stopped)"
     side = TrainCrop(32).full_detail_side()
     proposed = next(trial for change, trial in by_change.items() if change.startswith("format=tensor"))
     assert not proposed.summary and proposed.note.startswith("proposed, not built (or pass tune.allow_pack=true): ")
@@ -157,7 +158,7 @@ def test_under_torchrun_every_rank_runs_each_trial_and_rank_0_writes(tmp_path, c
                       "tune.repeats=1", budget_min=1.0, launcher=TORCHRUN)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = trials(tmp_path)
-    assert rows and all(summary(tmp_path / f"tune/trials/{int(row['trial']):02d}")["processes"] == 2 for row in rows)
+    assert rows and all(summary(tmp_path / f"tune/trials/{int(row['trial']):02d}").processes == 2 for row in rows)
     assert (tmp_path / "tune/tune-rank1.log").is_file() and (tmp_path / "tune/tune.md").is_file()
 
 
@@ -175,7 +176,7 @@ def test_a_trial_clearly_slower_than_the_best_is_stopped_within_seconds_and_leav
 
     given = tiny(("train.batch_size=8", "loader.num_workers=2", "faults.read_delay_ms=300"), cache_dir, tiny_root)
     trials = Trials(given, tmp_path, steps=40, log_every=2, budget_s=300, ranks=Ranks(timeout_s=60))
-    best = Config({}, [Trial("0", {}, summary={"images_per_s": 1000.0}, seconds=20.0, setup_s=2.0)])
+    best = Config({}, [Trial("0", {}, summary=a_summary(images_per_s=1000.0), seconds=20.0, setup_s=2.0)])
     settings = OmegaConf.create({"steps": 40, "log_every": 2, "min_gain": 0.05})
     began = time.monotonic()
     trial = trials.run({}, slower_than(best, best, sigma=0.0, settings=settings))

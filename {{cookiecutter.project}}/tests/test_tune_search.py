@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from {{ cookiecutter.package }}.diagnosis.summary import Summary
 from {{ cookiecutter.package }}.diagnosis.verdict import Settings, diagnose
 from {{ cookiecutter.package }}.loop.clock import Window
 from {{ cookiecutter.package }}.tools.trials import Progress, Trial, first_timed
@@ -13,23 +14,23 @@ from {{ cookiecutter.package }}.tools.tune.outputs import write_outputs
 from {{ cookiecutter.package }}.tools.tune.search import search
 from {{ cookiecutter.package }}.tools.tune.statistics import Config, slower_than
 
-from conftest import AVX2, AVX512_BF16, SM70
+from conftest import AVX2, AVX512_BF16, SM70, a_summary
 
 CHOICES = {"format": "folder", "decoder": "pil", "prefetcher": "none", "staging": "none"}
 
 
-def scripted_summary(hardware, settings: dict[str, str], rate: float, data_frac: float) -> dict:
+def scripted_summary(hardware, settings: dict[str, str], rate: float, data_frac: float) -> Summary:
     """A trial's summary.json as train writes it, its verdict from diagnose itself."""
     choices = {**CHOICES, **{key: value for key, value in settings.items() if "." not in key}}
     total = Window(steps=10, images=int(rate * 10), wall_s=10.0, data_s=10 * data_frac)
     diagnosis = diagnose(total, {"sys/cpu_util": 50.0}, hardware, Settings(
         num_workers=int(settings.get("loader.num_workers", 0)), prefetch_factor=4, pin_memory=True,
         persistent_workers=True, precision=settings.get("precision", "fp32"), choices=choices))
-    return {"images_per_s": rate, "data_frac": data_frac, "data_cost": diagnosis.data_cost, "host_frac": 0.0,
-            "bound": diagnosis.bound,
-            "data_ms": 1.0, "host_ms": 0.0, "compute_ms": 1.0, "choices": choices, "env": {"device": hardware.device},
-            "hardware": hardware.record(), "suggestions": [suggestion.record() for suggestion in diagnosis.suggestions],
-            "withheld": [suggestion.record() for suggestion in diagnosis.withheld]}
+    return a_summary(images_per_s=rate, data_frac=data_frac, data_cost=diagnosis.data_cost, host_frac=0.0,
+                     bound=diagnosis.bound, data_ms=1.0, host_ms=0.0, compute_ms=1.0, choices=choices,
+                     env={"device": hardware.device}, hardware=hardware.record(),
+                     suggestions=[suggestion.record() for suggestion in diagnosis.suggestions],
+                     withheld=[suggestion.record() for suggestion in diagnosis.withheld])
 
 
 class ScriptedProgress:
@@ -193,7 +194,7 @@ def written_progress(tmp_path, setup_s: float, *rates: float) -> Progress:
 def test_a_trial_is_stopped_once_its_first_timed_window_is_clearly_slower_or_its_training_twice_as_long(
         tmp_path, compose_tiny_tune):
     settings = compose_tiny_tune("tune.steps=20", "tune.log_every=5", "tune.min_gain=0.05").tune
-    start = Config({}, [Trial("0", {}, summary={"images_per_s": 100.0}, seconds=30.0, setup_s=5.0)])
+    start = Config({}, [Trial("0", {}, summary=a_summary(images_per_s=100.0), seconds=30.0, setup_s=5.0)])
     judge = slower_than(start, start, sigma=0.01, settings=settings)  # floor: 100 x (1 - max(0.1, 0.035)) = 90
     assert judge(written_progress(tmp_path, 5.0, 300.0, 80.0), elapsed=12.0).startswith(
         "its first timed window ran at 80.0 images/s, below 90.0")
@@ -259,7 +260,7 @@ def test_a_trial_keeps_its_summary_and_no_checkpoint(tmp_path, monkeypatch):
     def trained(job, ranks, judge=None):
         folder = Path(job["folder"])
         folder.mkdir(parents=True)
-        (folder / "summary.json").write_text(json.dumps({"images_per_s": 50.0}))
+        a_summary(images_per_s=50.0).write(folder / "summary.json")
         for checkpoint in ("last.pt", "best.pt"):
             (folder / checkpoint).write_bytes(b"weights")
         return 0, ""

@@ -5,7 +5,6 @@
 
 Each run ends with summary.json and a printed report: where the time went and what to flip next.
 """
-import json
 import logging
 import math
 import random
@@ -26,7 +25,6 @@ from .core import distributed, failures, faults
 from .core import record as run_record
 from .core.config import ConfigError, build, check, chosen_keys
 from .core.distributed import World
-from .core.files import write_atomic
 from .core.forensics import Forensics
 from .core.hardware import probe
 from .data.coverage import Coverage
@@ -34,6 +32,7 @@ from .data.loaders import make_loaders
 from .data.sources import fit_preprocessing
 from .diagnosis.ranks import spread
 from .diagnosis.report import format_report, summarize
+from .diagnosis.summary import Summary
 from .diagnosis.sysmon import SystemMonitor
 from .loop import cudnn
 from .loop.accumulate import GradientAccumulation
@@ -219,7 +218,8 @@ def run_epochs(run: Run, epochs: int) -> tuple[float, float | None]:
     return scores or validate(run)  # a resumed run that had nothing left still reports its accuracy
 
 
-def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) -> dict:
+def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) -> Summary | None:
+    """Train as `cfg` says; the finished run's summary, or None where a stop request ended it, its checkpoint saved."""
     if run_record.restored_note:
         log.info(run_record.restored_note)
     check(cfg)
@@ -241,7 +241,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
         log.info("stopped by %s at step %d (epoch %d, %d images into it); checkpoint saved: continue with %s", stop,
                  run.progress.step, run.progress.epoch, run.progress.images_in_epoch,
                  run_record.resume_command(run_dir))
-        return {}
+        return None
     except BaseException as err:
         keep_progress(run, err)
         raise
@@ -250,7 +250,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
         run.logger.close()
     summary = summarize(run, cfg, top1, top5, HydraConfig.get())
     if world.is_main:
-        write_atomic(run_dir / "summary.json", lambda path: path.write_text(json.dumps(summary, indent=2)))
+        summary.write(run_dir / "summary.json")
         log.info("%s\nsummary: %s", format_report(summary), run_dir / "summary.json")
     return summary
 

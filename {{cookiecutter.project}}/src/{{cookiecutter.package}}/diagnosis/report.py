@@ -15,6 +15,7 @@ from ..core.hardware import cpu_description
 from ..loop.clock import Window
 from ..loop.run import Run
 from .ranks import RankTimes
+from .summary import Summary
 from .sysmon import SystemMonitor
 from .verdict import Settings, diagnose
 
@@ -73,56 +74,56 @@ def setup_line(setup: dict[str, float]) -> str:
             f"{first}")
 
 
-def host_line(summary: dict) -> str:
-    if summary["hardware"]["device"] != "cuda":  # the step runs on the host itself: no device to wait for it
+def host_line(summary: Summary) -> str:
+    if summary.hardware["device"] != "cuda":  # the step runs on the host itself: no device to wait for it
         return "host         none on the CPU: the step runs on the host, so its Python time counts as compute"
-    return (f"host         {summary['host_ms']:.1f} ms/step ({100 * summary['host_frac']:.0f}%: the GPU idle with the "
+    return (f"host         {summary.host_ms:.1f} ms/step ({100 * summary.host_frac:.0f}%: the GPU idle with the "
             "batch ready)")
 
 
-def accuracy_line(summary: dict) -> str:
+def accuracy_line(summary: Summary) -> str:
     """Validation top-1 beside what guessing scores, and top-5 where there are more than 5 classes."""
-    top5 = f"  top-5 {summary['val_top5']:.1f}%" if summary["val_top5"] is not None else ""
-    return f"validation   top-1 {summary['val_top1']:.1f}% (chance {100 / summary['classes']:.1f}%){top5}"
+    top5 = f"  top-5 {summary.val_top5:.1f}%" if summary.val_top5 is not None else ""
+    return f"validation   top-1 {summary.val_top1:.1f}% (chance {100 / summary.classes:.1f}%){top5}"
 
 
-def time_to_accuracy_line(summary: dict) -> str:
+def time_to_accuracy_line(summary: Summary) -> str:
     """When validation first reached each level, and the best top-1 with its time."""
-    reached = ", ".join(f"{level}% at {seconds:.0f} s" for level, seconds in summary["time_to_top1_s"].items())
-    best = summary["best_top1"]
+    reached = ", ".join(f"{level}% at {seconds:.0f} s" for level, seconds in summary.time_to_top1_s.items())
+    best = summary.best_top1
     return (f"to top-1     {reached or 'no level of train.top1_levels reached'}; best {best['top1']:.1f}% at "
             f"{best['at_s']:.0f} s (epoch {best['epoch']}), from the run's start")
 
 
-def format_report(summary: dict) -> str:
-    system = ", ".join(SystemMonitor.FIGURES[tag].format(value) for tag, value in summary["system"].items())
-    processes = summary.get("processes", 1)
+def format_report(summary: Summary) -> str:
+    system = ", ".join(SystemMonitor.FIGURES[tag].format(value) for tag, value in summary.system.items())
+    processes = summary.processes
     lines = [
         "",
         "==== where the time went ====",
-        f"throughput   {summary['images_per_s']:.1f} images/s over {summary['steps']} steps"
-        + (f" (per process, {processes} processes; timings of process {summary['timing_rank']}, the one "
+        f"throughput   {summary.images_per_s:.1f} images/s over {summary.steps} steps"
+        + (f" (per process, {processes} processes; timings of process {summary.timing_rank}, the one "
            "the others waited for)" if processes > 1 else ""),
-        f"data wait    {summary['data_ms']:.1f} ms/step ({100 * summary['data_frac']:.0f}% of step time)",
+        f"data wait    {summary.data_ms:.1f} ms/step ({100 * summary.data_frac:.0f}% of step time)",
         host_line(summary),
-        f"compute      {summary['compute_ms']:.1f} ms/step",
-        f"bound        {summary['bound']}",
+        f"compute      {summary.compute_ms:.1f} ms/step",
+        f"bound        {summary.bound}",
         f"system       {system}",
-        *([f"ranks        data wait {spread(summary['ranks'], 'data_frac')}, host {spread(summary['ranks'], 'host_frac')}"]
+        *([f"ranks        data wait {spread(summary.ranks, 'data_frac')}, host {spread(summary.ranks, 'host_frac')}"]
           if processes > 1 else []),
-        *([f"epoch start  {' / '.join(f'{ms:.0f}' for ms in summary['epoch_start_ms'])} ms to each epoch's first batch"]
-          if summary.get("epoch_start_ms") else []),
-        *([setup_line(summary["setup"])] if summary.get("setup") else []),
+        *([f"epoch start  {' / '.join(f'{ms:.0f}' for ms in summary.epoch_start_ms)} ms to each epoch's first batch"]
+          if summary.epoch_start_ms else []),
+        *([setup_line(summary.setup)] if summary.setup else []),
         accuracy_line(summary),
-        *([time_to_accuracy_line(summary)] if summary.get("best_top1") else []),
-        *([f"training     top-1 {summary['train_top1']:.1f}% on the last epoch's training batches (augmented)"]
-          if summary.get("train_top1") is not None else []),
-        f"skipped      {summary['skipped_files']} unreadable files",
-        f"verdict      {summary['verdict']}",
+        *([time_to_accuracy_line(summary)] if summary.best_top1 else []),
+        *([f"training     top-1 {summary.train_top1:.1f}% on the last epoch's training batches (augmented)"]
+          if summary.train_top1 is not None else []),
+        f"skipped      {summary.skipped_files} unreadable files",
+        f"verdict      {summary.verdict}",
         "next:",
-        *(f"  - {line}" for line in summary["advice"]),
-        *(["not for this machine:"] if summary.get("withheld") else []),
-        *(f"  - {held['key']}={held['value']}: {held['why']} ({held['fact']})." for held in summary.get("withheld", [])),
+        *(f"  - {line}" for line in summary.advice),
+        *(["not for this machine:"] if summary.withheld else []),
+        *(f"  - {held['key']}={held['value']}: {held['why']} ({held['fact']})." for held in summary.withheld),
     ]
     return "\n".join(lines)
 
@@ -135,7 +136,7 @@ def setup_record(run: Run) -> dict[str, float]:
     return {**run.setup, **first_batch}
 
 
-def summarize(run: Run, cfg: DictConfig, top1: float, top5: float | None, hydra_cfg: DictConfig) -> dict:
+def summarize(run: Run, cfg: DictConfig, top1: float, top5: float | None, hydra_cfg: DictConfig) -> Summary:
     """The run's figures, every timing one from the same process (see run_totals), with the verdict; `hydra_cfg`
     says which options were picked and with which overrides."""
     total, system, timing_rank, splits = run_totals(run.windows, run.world)
@@ -148,20 +149,17 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float | None, hydra_
                         channels_last=cfg.model.channels_last, compile=cfg.model.compile, cudnn=cfg.cudnn,
                         crop_size=cfg.data.crop_size, choices=choices)
     diagnosis = diagnose(total, system, run.hardware, settings, ranks)
-    return {"images_per_s": total.images_per_s, "data_ms": total.data_ms, "host_ms": total.host_ms,
-            "compute_ms": total.compute_ms, "data_frac": total.data_frac, "host_frac": total.host_frac,
-            "data_cost": diagnosis.data_cost,
-            "bound": diagnosis.bound, "verdict": diagnosis.verdict, "advice": diagnosis.advice,
-            "suggestions": [suggestion.record() for suggestion in diagnosis.suggestions],
-            "withheld": [suggestion.record() for suggestion in diagnosis.withheld],
-            "hardware": run.hardware.record(),
-            "val_top1": top1, "val_top5": top5, "train_top1": run.meter.epoch_top1(run.world), **run.accuracy.record(),
-            "classes": len(run.loaders.classes), "steps": run.progress.step,
-            "skipped_files": run.loaders.skipped_files(run.world),
-            "skipped_steps": int(run.precision.skipped), "processes": run.world.size, "timing_rank": timing_rank,
-            "ranks": [times.record() for times in ranks],
-            "epoch_start_ms": [1000 * window.epoch_start_s / window.epoch_starts for window, _ in run.windows
-                               if window.epoch_starts],
-            "coverage": run.coverage.epochs, "setup": setup_record(run),
-            "choices": choices, "overrides": list(hydra_cfg.overrides.task), "system": system,
-            "env": environment(run.device)}
+    return Summary(
+        images_per_s=total.images_per_s, data_ms=total.data_ms, host_ms=total.host_ms, compute_ms=total.compute_ms,
+        data_frac=total.data_frac, host_frac=total.host_frac, data_cost=diagnosis.data_cost, bound=diagnosis.bound,
+        verdict=diagnosis.verdict, advice=diagnosis.advice,
+        suggestions=[suggestion.record() for suggestion in diagnosis.suggestions],
+        withheld=[suggestion.record() for suggestion in diagnosis.withheld], hardware=run.hardware.record(),
+        system=system, val_top1=top1, val_top5=top5, classes=len(run.loaders.classes),
+        train_top1=run.meter.epoch_top1(run.world), **run.accuracy.record(), steps=run.progress.step,
+        skipped_files=run.loaders.skipped_files(run.world), skipped_steps=int(run.precision.skipped),
+        processes=run.world.size, timing_rank=timing_rank, ranks=[times.record() for times in ranks],
+        epoch_start_ms=[1000 * window.epoch_start_s / window.epoch_starts for window, _ in run.windows
+                        if window.epoch_starts],
+        coverage=run.coverage.epochs, setup=setup_record(run), choices=choices,
+        overrides=list(hydra_cfg.overrides.task), env=environment(run.device))

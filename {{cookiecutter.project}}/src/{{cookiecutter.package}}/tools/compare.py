@@ -1,12 +1,9 @@
 """Finished runs side by side, behind `python -m <package>.compare`."""
-import json
 from pathlib import Path
 
 from ..core.config import ClearError
+from ..diagnosis.summary import Summary
 from .tables import markdown_table
-
-# What the table reads; train_top1 and time_to_top1_s, which older summaries lack, are read where present.
-SUMMARY_KEYS = ("overrides", "images_per_s", "data_frac", "host_frac", "bound", "env", "val_top1")
 
 
 def job_order(path: Path) -> tuple[str, ...]:
@@ -14,7 +11,7 @@ def job_order(path: Path) -> tuple[str, ...]:
     return tuple(part.zfill(9) if part.isdigit() else part for part in path.parts)
 
 
-def load_runs(folders: list[Path]) -> list[tuple[dict[str, str], dict]]:
+def load_runs(folders: list[Path]) -> list[tuple[dict[str, str], Summary]]:
     """(overrides as key -> value, summary) for every summary.json under `folders`, in job order."""
     runs = []
     for folder in folders:
@@ -22,14 +19,8 @@ def load_runs(folders: list[Path]) -> list[tuple[dict[str, str], dict]]:
         if not paths:
             raise ClearError(f"no summary.json under {folder}: is it the folder of finished runs?")
         for path in paths:
-            try:
-                summary = json.loads(path.read_text())
-            except ValueError as err:
-                raise ClearError(f"{path} is not JSON ({err})") from err
-            missing = [key for key in SUMMARY_KEYS if key not in summary]
-            if missing:
-                raise ClearError(f"{path} has no {', '.join(missing)}: it comes from an older version of the project")
-            runs.append((dict(override.partition("=")[::2] for override in summary["overrides"]), summary))
+            summary = Summary.read(path)
+            runs.append((dict(override.partition("=")[::2] for override in summary.overrides), summary))
     return runs
 
 
@@ -37,27 +28,27 @@ def percent(value: float | None) -> str:
     return f"{value:.1f}%" if value is not None else ""
 
 
-def common_level(runs: list[tuple[dict[str, str], dict]]) -> str | None:
+def common_level(runs: list[tuple[dict[str, str], Summary]]) -> str | None:
     """The highest top-1 level every run reached (summary.json's time_to_top1_s), where there is one."""
-    reached = [set(summary.get("time_to_top1_s", {})) for _, summary in runs]
+    reached = [set(summary.time_to_top1_s) for _, summary in runs]
     return max(set.intersection(*reached), key=float, default=None)
 
 
-def table(runs: list[tuple[dict[str, str], dict]]) -> str:
+def table(runs: list[tuple[dict[str, str], Summary]]) -> str:
     keys = list(dict.fromkeys(key for overrides, _ in runs for key in overrides))
     varying = [key for key in keys if len({overrides.get(key) for overrides, _ in runs}) > 1]
     shared = [f"{key}={runs[0][0][key]}" for key in keys if key not in varying and key in runs[0][0]]
-    first = runs[0][1]["images_per_s"]
-    trained = any(summary.get("train_top1") is not None for _, summary in runs)
+    first = runs[0][1].images_per_s
+    trained = any(summary.train_top1 is not None for _, summary in runs)
     level = common_level(runs)  # time to accuracy, where the runs share a level to compare it at
     header = [*varying, "images/s", "data wait", "host", "bound", "× first", "val top-1",
               *(["train top-1"] if trained else []), *([f"s to {level}%"] if level else [])]
     rows = [[overrides.get(key, "") for key in varying]
-            + [f"{summary['images_per_s']:.1f}", f"{100 * summary['data_frac']:.0f}%",
-               f"{100 * summary['host_frac']:.0f}%", summary["bound"], f"{summary['images_per_s'] / first:.2f}",
-               f"{summary['val_top1']:.1f}%", *([percent(summary.get("train_top1"))] if trained else []),
-               *([f"{summary['time_to_top1_s'][level]:.0f}"] if level else [])]
+            + [f"{summary.images_per_s:.1f}", f"{100 * summary.data_frac:.0f}%",
+               f"{100 * summary.host_frac:.0f}%", summary.bound, f"{summary.images_per_s / first:.2f}",
+               f"{summary.val_top1:.1f}%", *([percent(summary.train_top1)] if trained else []),
+               *([f"{summary.time_to_top1_s[level]:.0f}"] if level else [])]
             for overrides, summary in runs]
-    devices = sorted({summary["env"]["device"] for _, summary in runs})
+    devices = sorted({summary.env["device"] for _, summary in runs})
     return "\n".join([f"on {', '.join(devices)}; every run: {' '.join(shared) or '(no shared overrides)'}", "",
                       *markdown_table(header, rows)])

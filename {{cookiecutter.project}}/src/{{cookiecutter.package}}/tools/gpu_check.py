@@ -1,6 +1,5 @@
 """The GPU benchmark behind `python -m <package>.gpu_check`: its runs, one after another, and report.md."""
 import csv
-import json
 import logging
 import time
 import xml.etree.ElementTree as ElementTree
@@ -11,6 +10,7 @@ from omegaconf import DictConfig
 
 from ..core.config import ConfigError
 from ..diagnosis.report import environment
+from ..diagnosis.summary import Summary
 from ..options import PACKAGE
 from .tables import markdown_table
 from .trials import STOPPED, Trial, as_overrides, command_of, run_command
@@ -44,7 +44,7 @@ def run(trial: Trial, folder: Path, timeout_s: float, tool: str = "train", write
     trial.seconds = time.perf_counter() - began
     if code == 0 and (folder / writes).is_file():
         if writes == "summary.json":
-            trial.summary = json.loads((folder / writes).read_text())
+            trial.summary = Summary.read(folder / writes)
     else:
         reason = line.removeprefix("error: ") or "no output"
         trial.note = f"{reason} (gpu_check.run_timeout_s)" if code == STOPPED else reason
@@ -102,8 +102,9 @@ def write_report(cfg: DictConfig, run_dir: Path, runs: list[tuple[str, Trial]], 
     ceiling = next((run.rate for _, run in runs if run.name == "ceiling"), 0.0)
     rows = [{"section": section, "name": run.name, "images_per_s": round(run.rate, 1),
              "vs_ceiling": round(run.rate / ceiling, 3) if ceiling else "",
-             "data_frac": round(run.summary.get("data_frac", 0.0), 3),
-             "host_frac": round(run.summary.get("host_frac", 0.0), 3), "bound": run.summary.get("bound", ""),
+             "data_frac": round(run.figures.get("data_frac", 0.0), 3),
+             "host_frac": round(run.figures.get("host_frac", 0.0), 3),
+             "bound": run.summary.bound if run.summary else "",
              "status": status(run), "command": " ".join(as_overrides(run.change)),
              **{key: env.get(key, "") for key in COLUMNS[9:]}} for section, run in runs]
     bench_rows, bench_status = bench
@@ -130,8 +131,8 @@ def markdown(cfg: DictConfig, runs: list[Trial], ceiling: float, bench_rows: lis
             run = by_name[name]
             if run.summary:
                 rows.append([name, f"{run.rate:.0f}", f"{run.rate / ceiling:.2f}" if ceiling else "",
-                             f"{100 * run.summary['data_frac']:.0f}%", f"{100 * run.summary['host_frac']:.0f}%",
-                             run.summary["bound"], run.summary["verdict"]])
+                             f"{100 * run.summary.data_frac:.0f}%", f"{100 * run.summary.host_frac:.0f}%",
+                             run.summary.bound, run.summary.verdict])
             else:
                 rows.append([name, "", "", "", "", "", status(run)])
         return markdown_table(["run", "images/s", "× ceiling", "data wait", "host", "bound", "verdict or failure"],

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from .. import options
 from ..core.failures import reported
+from ..diagnosis.summary import Summary
 from ..loop.checkpoint import BEST, LAST
 from ..options import PACKAGE
 
@@ -39,7 +40,7 @@ STOPPED = -1  # run_rank's exit code for a trial it stopped
 class Trial:
     name: str  # tune's trial number; gpu_check's run
     change: dict[str, str]  # the overrides tried on top of the common ones, as key -> value
-    summary: dict = field(default_factory=dict)  # the trial's summary.json; empty if it did not finish
+    summary: Summary | None = None  # the trial's summary.json; None if it did not finish
     note: str = ""  # why it did not run, finish or go on, or what it is
     kept: bool = False
     seconds: float = 0.0  # from launch to exit
@@ -48,12 +49,13 @@ class Trial:
 
     @property
     def rate(self) -> float:
-        return self.summary.get("images_per_s", 0.0)
+        return self.summary.images_per_s if self.summary else 0.0
 
     @property
     def figures(self) -> dict:
-        """The summary, or for a trial stopped early its first timed window: what the tables and chart show."""
-        return self.summary or self.window
+        """The summary's timing split, or for a trial stopped early its first timed window's: what the tables and
+        chart show."""
+        return self.summary.figures() if self.summary else self.window
 
 
 class Progress:
@@ -220,7 +222,7 @@ class Trials:
         elif failed:  # the rank that failed first says why; the others only lost a peer
             trial.note = next((line for line in failed if "collective" not in line), failed[0])
         else:
-            trial.summary = json.loads((folder / "summary.json").read_text())
+            trial.summary = Summary.read(folder / "summary.json")
         for checkpoint in (LAST, BEST):  # a trial's weights are never used again, and a ResNet-50's are 100 MB each
             (folder / checkpoint).unlink(missing_ok=True)
         self.longest = max(self.longest, trial.seconds)

@@ -53,22 +53,23 @@ def write_outputs(result: dict, run_dir: Path, given: list[str]) -> tuple[str, s
     rows = [{"trial": trial.name, "overrides": " ".join(as_overrides(trial.change)) or "(start)",
              "images_per_s": round(trial.figures.get("images_per_s", 0.0), 1),
              "data_frac": round(trial.figures.get("data_frac", 0.0), 3),
-             "host_frac": round(trial.figures.get("host_frac", 0.0), 3), "bound": trial.summary.get("bound", ""),
+             "host_frac": round(trial.figures.get("host_frac", 0.0), 3),
+             "bound": trial.summary.bound if trial.summary else "",
              "vs_start": round(trial.figures.get("images_per_s", 0.0) / start.rate, 2),
              "kept": "yes" if trial.kept else "", "note": trial.note} for trial in result["trials"]]
     with open(run_dir / "tune.csv", "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    device = start.last.summary["env"]["device"]
+    device = start.last.summary.env["device"]
     chart(result["trials"], run_dir / "tune.png")
     before, after = start.last.summary, best.last.summary
-    before_after = (f"before: {start.rate:.1f} images/s, {before['bound']}-bound (data wait "
-                    f"{100 * before['data_frac']:.0f}%); after: {best.rate:.1f} images/s (mean of {len(best.measured)} "
-                    f"trials), {after['bound']}-bound "
-                    f"(data wait {100 * after['data_frac']:.0f}%): x{best.rate / start.rate:.2f}")
+    before_after = (f"before: {start.rate:.1f} images/s, {before.bound}-bound (data wait "
+                    f"{100 * before.data_frac:.0f}%); after: {best.rate:.1f} images/s (mean of {len(best.measured)} "
+                    f"trials), {after.bound}-bound "
+                    f"(data wait {100 * after.data_frac:.0f}%): x{best.rate / start.rate:.2f}")
     if best is start:
-        before_after = f"{nothing_beat(result)}; keep this configuration: {start.rate:.1f} images/s, {before['bound']}-bound"
+        before_after = f"{nothing_beat(result)}; keep this configuration: {start.rate:.1f} images/s, {before.bound}-bound"
     for settings, gain in result.get("unconfirmed", []):
         before_after += (f"; {' '.join(as_overrides(settings))} ran x{gain:.2f} that in its one trial, and the budget "
                          "ended before a second could confirm it: raise tune.budget_min")

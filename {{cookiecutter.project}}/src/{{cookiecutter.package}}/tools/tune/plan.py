@@ -16,6 +16,7 @@ from ...core.hardware import Hardware
 from ...data.crops import TrainCrop
 from ...data.format import META
 from ...data.format.folder import open_tree
+from ...diagnosis.summary import Summary
 from ...diagnosis.verdict import SIDES, faster_precision
 from ..pack import Convert, pack, pack_path, tree_key
 from ..trials import Ranks
@@ -57,9 +58,9 @@ class PackOffer:
         return None
 
 
-def pack_offer(cfg: DictConfig, summary: dict, ranks: Ranks) -> PackOffer | None:
+def pack_offer(cfg: DictConfig, summary: Summary, ranks: Ranks) -> PackOffer | None:
     """The pack to decode once, for a data-bound run that decodes JPEGs from a folder on one node."""
-    if summary["bound"] != "data" or options.facts("format", summary["choices"]["format"]).packed:
+    if summary.bound != "data" or options.facts("format", summary.choices["format"]).packed:
         return None
     single_node = int(os.environ.get("LOCAL_WORLD_SIZE", ranks.size)) == ranks.size  # a pack on node 0 only
     source = build(cfg.data)
@@ -75,18 +76,18 @@ def sweep(key: str, values, current: str | None = None) -> list[dict[str, str]]:
 Group = list[dict[str, str]]  # candidate changes trialled one after another before the best is reconsidered
 
 
-def neighbours(summary: dict, cfg: DictConfig, hardware: Hardware, offer: PackOffer | None) -> dict[str, list[Group]]:
+def neighbours(summary: Summary, cfg: DictConfig, hardware: Hardware, offer: PackOffer | None) -> dict[str, list[Group]]:
     """By the side of the step they shorten, the switches worth measuring beyond those the verdict names;
     only those this hardware can profit from."""
-    choices, cores = summary["choices"], hardware.cores
-    picked = {group: options.facts(group, option) for group, option in choices.items()
+    choices, cores = summary.choices, hardware.cores
+    current = {group: options.facts(group, option) for group, option in choices.items()
               if (options.CONF / group / f"{option}.yaml").is_file()}
     data: list[Group] = []
     if offer is not None and (offer.ready or cfg.tune.allow_pack):
         data.append([offer.change])
     # Workers waiting on reads are nearly free: up to twice the cores.
     data.append(sweep("loader.num_workers", [1, 2, cores, 2 * cores], cfg.loader.num_workers))
-    if not picked["format"].holds_pixels:
+    if not current["format"].holds_pixels:
         data.append(sweep("decoder", [name for name in options.options("decoder")
                                       if not (facts := options.facts("decoder", name)).takes_pixels
                                       and (hardware.on_gpu or not facts.gpu) and not facts.missing()],
@@ -95,7 +96,7 @@ def neighbours(summary: dict, cfg: DictConfig, hardware: Hardware, offer: PackOf
              sweep("prefetcher", [name for name in options.options("prefetcher")
                                   if not (facts := options.facts("prefetcher", name)).ceiling
                                   and (hardware.on_gpu or not facts.gpu)], choices["prefetcher"])]
-    if not picked["format"].packed and not picked["staging"].copies_to_ram and fits_in_ram(cfg):
+    if not current["format"].packed and not current["staging"].copies_to_ram and fits_in_ram(cfg):
         data += [[{"staging": option}] for option in options.having("staging", "copies_to_ram")]
     compute: list[Group] = []
     faster = faster_precision(hardware)
@@ -108,7 +109,7 @@ def neighbours(summary: dict, cfg: DictConfig, hardware: Hardware, offer: PackOf
     return {"data": data, "host": [], "compute": compute}
 
 
-def moves(summary: dict, cfg: DictConfig, offer: PackOffer | None) -> tuple[list[Group], list[tuple[dict, str]]]:
+def moves(summary: Summary, cfg: DictConfig, offer: PackOffer | None) -> tuple[list[Group], list[tuple[dict, str]]]:
     """Groups of candidate changes in the order they can gain, and the changes left out, each with why.
 
     Removing a side's share s of the step gains at most 1 / (1 - s): the data loading's cost on a data-bound
@@ -117,22 +118,22 @@ def moves(summary: dict, cfg: DictConfig, offer: PackOffer | None) -> tuple[list
     (the run's suggestions) come before the neighbours tune measures on its own. The verdict's withheld
     switches, which this hardware would run slower, are never tried.
     """
-    hardware = Hardware.from_record(summary["hardware"])
+    hardware = Hardware.from_record(summary.hardware)
     advised: dict[str, list[Group]] = {side: [] for side in SIDES}
-    for suggestion in summary["suggestions"]:
+    for suggestion in summary.suggestions:
         if suggestion["tunable"] and suggestion["value"] is not None:
             advised[suggestion["side"]].append([{suggestion["key"]: suggestion["value"], **suggestion["also"]}])
     found = neighbours(summary, cfg, hardware, offer)
-    shares = {"data": summary["data_cost"], "host": summary["host_frac"]}
+    shares = {"data": summary.data_cost, "host": summary.host_frac}
     shares["compute"] = max(0.0, 1 - shares["data"] - shares["host"])
     gains = {side: 1 / max(1e-9, 1 - share) for side, share in shares.items()}
-    order = [summary["bound"], *sorted((side for side in SIDES if side != summary["bound"]), key=gains.get,
+    order = [summary.bound, *sorted((side for side in SIDES if side != summary.bound), key=gains.get,
                                         reverse=True)]
     groups, left_out = [], [({held["key"]: held["value"]}, f"{held['why']} ({held['fact']})")
-                            for held in summary.get("withheld", [])]
+                            for held in summary.withheld]
     for side in order:
         candidates = [group for group in advised[side] + found[side] if group]
-        if side != summary["bound"] and gains[side] - 1 < cfg.tune.min_gain:
+        if side != summary.bound and gains[side] - 1 < cfg.tune.min_gain:
             left_out += [(change, f"{side}-side: removing all of the {side} share ({100 * shares[side]:.0f}%) gains "
                                   f"at most x{gains[side]:.2f}, less than tune.min_gain") for group in candidates
                          for change in group]

@@ -17,7 +17,7 @@ def changes_something(change: dict[str, str], best: Config, cfg: DictConfig) -> 
     def now(key: str) -> str:
         if key in best.settings:
             return best.settings[key]
-        choices = best.last.summary["choices"]
+        choices = best.last.summary.choices
         return choices[key] if key in choices else str(OmegaConf.select(cfg, key)).lower()
 
     return any(now(key) != value for key, value in change.items())
@@ -113,5 +113,5 @@ def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
 
 def log_trial(trial: Trial) -> Trial:
     log.info("trial %s %s: %s", trial.name, " ".join(as_overrides(trial.change)) or "(start)",
-             f"{trial.rate:.1f} images/s, {trial.summary['bound']}-bound" if trial.summary else trial.note)
+             f"{trial.rate:.1f} images/s, {trial.summary.bound}-bound" if trial.summary else trial.note)
     return trial
