@@ -27,7 +27,8 @@ def one_step(precision: Precision, model: torch.nn.Module, step: int, scale_loss
     with precision.autocast():
         loss = model(torch.randn(2, 3, 8, 8)).float().sum() * scale_loss
     precision.backward(loss)
-    precision.apply(loss, optimizer, step)
+    with precision.stepping(loss, optimizer, step) as scaler:
+        scaler.step(optimizer)
 
 
 def test_bf16_autocasts_on_the_cpu_and_fp32_does_not():
@@ -86,6 +87,21 @@ def test_steps_the_loss_scaler_skips_are_counted_not_failed():
     restored.scaler = torch.amp.GradScaler("cpu")
     restored.load_state_dict(precision.state_dict())
     assert restored.scaler.get_scale() == 2.0 ** 15
+
+
+def test_a_step_whose_gradients_overflow_is_skipped_counted_and_halves_the_scale_on_any_device():
+    """fp16 needs a GPU, and GradScaler's bookkeeping does not: an enabled scaler on the CPU goes through `stepping`
+    as fp16's does, so its count of skipped steps and its update are checked on every machine."""
+    model, precision = tiny_model(), Precision("fp32", CPU)
+    precision.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    before = [param.detach().clone() for param in model.parameters()]
+    one_step(precision, model, 1, scale_loss=float("inf"))
+    assert all(torch.equal(old, new) for old, new in zip(before, model.parameters())), "the overflowing step applied"
+    assert int(precision.skipped) == 1 and precision.scaler.get_scale() == 512.0
+    precision.check()  # a loss the scaler skipped stops nothing
+    one_step(precision, model, 2)
+    assert int(precision.skipped) == 1 and precision.scaler.get_scale() == 512.0
+    assert not all(torch.equal(old, new) for old, new in zip(before, model.parameters()))
 
 
 def gradients(model: torch.nn.Module) -> torch.Tensor:
@@ -176,7 +192,8 @@ def test_fp16_on_the_gpu_scales_the_loss_and_counts_a_skipped_step():
             assert output.dtype == torch.float16
             loss = output.float().mean() * scale_loss
         precision.backward(loss)
-        precision.apply(loss, optimizer, number)
+        with precision.stepping(loss, optimizer, number) as scaler:
+            scaler.step(optimizer)
 
     scale = precision.scaler.get_scale()
     before = [p.detach().clone() for p in model.parameters()]

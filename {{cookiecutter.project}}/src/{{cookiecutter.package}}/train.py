@@ -141,7 +141,8 @@ def step(run: Run, loss: torch.Tensor) -> None:
     images = run.accumulation.finish(run.optimizer, run.world)  # a short last group: the mean of its batches
     run.precision.clip(run.optimizer, run.clip_grad_norm)  # on the real gradients: fp16's are unscaled first
     run.updating = True
-    run.precision.apply(loss, run.optimizer, run.progress.step)  # the optimizer's step through the loss scaler
+    with run.precision.stepping(loss, run.optimizer, run.progress.step) as scaler:  # then the scale's update
+        scaler.step(run.optimizer)  # under fp16, a step whose gradients overflowed is skipped
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
     run.average.update(run.model)

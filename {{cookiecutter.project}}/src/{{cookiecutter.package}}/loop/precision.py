@@ -6,8 +6,11 @@
 - `fp32`: autocast and scaler disabled: the same lines run, doing nothing.
 """
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
+from torch.amp import GradScaler
 
 from ..core.config import ClearError, ConfigError
 from ..core.hardware import Hardware, bf16_slowdown
@@ -29,7 +32,7 @@ class Precision:
             raise ConfigError("precision=fp16 needs a GPU for its loss scaling: use precision=bf16 on the CPU")
         self.name, self.dtype, self.device_type = name, DTYPES[name], device.type
         self.native_bf16 = native_bf16
-        self.scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16")
+        self.scaler = GradScaler(device.type, enabled=name == "fp16")
         # Device-side counters, read once per logging window: no sync per step.
         self.skipped = torch.zeros((), dtype=torch.long, device=device)  # fp16 steps the scaler skipped
         self.first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
@@ -48,12 +51,17 @@ class Precision:
             torch.nn.utils.clip_grad_norm_([param for group in optimizer.param_groups for param in group["params"]],
                                            max_norm)
 
-    def apply(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, step: int) -> None:
-        """Optimizer step and loss-scale update, after `backward`; notes a non-finite loss the scaler did not skip."""
-        self.scaler.step(optimizer)
+    @contextmanager
+    def stepping(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, step: int) -> Iterator[GradScaler]:
+        """Around the optimizer's step through the loss scaler, `scaler.step(optimizer)` (train.py: step), after
+        `backward`: on the way out, the step counted as skipped where fp16's gradients overflowed, a non-finite loss
+        it did not skip noted, and the scale updated, once a step and after the step, as GradScaler requires."""
+        yield self.scaler
         skipped = torch.zeros((), dtype=torch.long, device=loss.device)
         if self.scaler.is_enabled():
-            # Read before update() clears it: whether this step's gradients overflowed, and so were not applied.
+            # Whether this step's gradients overflowed, and so were not applied: GradScaler keeps it as a tensor on
+            # the device, in a private dict that update() clears, so it is read here, before update(). Its public
+            # trace, the scale halved, would take a sync each step to read; this adds to a device counter instead.
             for found_inf in self.scaler._found_inf_per_device(optimizer).values():
                 skipped = skipped + found_inf.to(torch.long)
             self.skipped += skipped.clamp(max=1)
