@@ -6,8 +6,9 @@ from dataclasses import asdict
 
 import pytest
 
+from {{ cookiecutter.package }}.core.config import ClearError
 from {{ cookiecutter.package }}.diagnosis.summary import Summary
-from {{ cookiecutter.package }}.tools.compare import table
+from {{ cookiecutter.package }}.tools.compare import load_runs, table
 
 from conftest import PACKAGE, PROJECT, a_summary, summary
 
@@ -67,6 +68,22 @@ def test_time_to_accuracy_is_compared_at_the_highest_level_every_run_reached():
     assert "s to" not in table([*runs, finished(["precision=fp16"], 90.0, 40.0, time_to_top1_s={})])
 
 
+def test_a_summary_an_older_version_wrote_is_compared_on_what_it_holds(tmp_path):
+    for job, (precision, images_per_s) in enumerate([("fp32", 100.0), ("bf16", 150.0)]):
+        (tmp_path / str(job)).mkdir()
+        held = asdict(finished([f"precision={precision}"], images_per_s, 71.25)[1])
+        written = {key: held[key] for key in ("overrides", "images_per_s", "data_frac", "host_frac", "bound", "env",
+                                              "val_top1")}  # as the versions before classes and setup wrote it
+        (tmp_path / f"{job}/summary.json").write_text(json.dumps(written))
+    assert table(load_runs([tmp_path])).splitlines()[2:] == [
+        "| precision | images/s | data wait | host | bound | × first | val top-1 |",
+        "|---|---|---|---|---|---|---|",
+        "| fp32 | 100.0 | 25% | 0% | data | 1.00 | 71.2% |",
+        "| bf16 | 150.0 | 25% | 0% | data | 1.50 | 71.2% |"]
+    with pytest.raises(ClearError, match="has no choices, data_ms, .*: it comes from an older version"):
+        Summary.read(tmp_path / "0/summary.json")  # the readers that need every field refuse it in one line
+
+
 @pytest.mark.full
 def test_a_folder_without_finished_runs_is_refused_in_one_line(tmp_path):
     result = compare(tmp_path)
@@ -77,10 +94,7 @@ def test_a_folder_without_finished_runs_is_refused_in_one_line(tmp_path):
 @pytest.mark.full
 def test_a_summary_without_the_overrides_is_refused_in_one_line(tmp_path):
     (tmp_path / "0").mkdir()
-    written = asdict(a_summary())  # as a version wrote it that kept these five under other names, or not at all
-    for key in ("overrides", "host_frac", "bound", "env", "val_top1"):
-        del written[key]
-    (tmp_path / "0/summary.json").write_text(json.dumps(written))
+    (tmp_path / "0/summary.json").write_text('{"images_per_s": 10.0, "data_frac": 0.1}')
     result = compare(tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().endswith("has no overrides, host_frac, bound, env, val_top1: it comes from an older "

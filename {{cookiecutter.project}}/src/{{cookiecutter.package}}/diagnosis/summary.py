@@ -39,7 +39,7 @@ class Summary:
     val_top1: float  # the last validation's top-1, percent
     val_top5: float | None  # percent; None with 5 classes or fewer
     classes: int
-    # absent from the summaries written before they were kept, which compare still reads
+    # absent from the summaries older versions wrote, which compare still reads
     train_top1: float | None = None  # percent, on the last epoch's training batches; None before an epoch ended
     time_to_top1_s: dict[str, float] = field(default_factory=dict)  # each train.top1_levels reached -> seconds
     best_top1: dict = field(default_factory=dict)  # top1 (percent), at_s (seconds) and epoch of the best validation
@@ -58,17 +58,20 @@ class Summary:
         write_atomic(path, lambda temporary: temporary.write_text(json.dumps(asdict(self), indent=2)))
 
     @classmethod
-    def read(cls, path: Path) -> "Summary":
-        """The summary.json at `path`; one line naming the file and what it lacks where this version cannot read it."""
+    def read(cls, path: Path, needs: tuple[str, ...] | None = None) -> "Summary":
+        """The summary.json at `path`; one line naming the file and what it lacks where it lacks a field the reader
+        `needs` (every field without a default, unless the reader names fewer). A reader that names fewer reads files
+        older versions wrote: a field such a file lacks is None."""
         try:
             held = json.loads(path.read_text())
         except ValueError as err:
             raise ClearError(f"{path} is not JSON ({err})") from err
-        missing = [key.name for key in fields(cls) if key.name not in held
-                   and key.default is MISSING and key.default_factory is MISSING]
+        required = [key.name for key in fields(cls) if key.default is MISSING and key.default_factory is MISSING]
+        missing = [name for name in (required if needs is None else needs) if name not in held]
         if missing:
             raise ClearError(f"{path} has no {', '.join(missing)}: it comes from an older version of the project")
-        return cls(**{key.name: held[key.name] for key in fields(cls) if key.name in held})
+        return cls(**{name: None for name in required} | {key.name: held[key.name] for key in fields(cls)
+                                                              if key.name in held})
 
     def figures(self) -> dict[str, float]:
         """The timing split, named as a logging window's figures are (tools/trials.py): what tune's and gpu_check's

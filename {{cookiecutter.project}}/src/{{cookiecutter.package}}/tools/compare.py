@@ -5,6 +5,10 @@ from ..core.config import ClearError
 from ..diagnosis.summary import Summary
 from .tables import markdown_table
 
+# The fields the table shows that every version wrote; those kept later (train_top1, time_to_top1_s) are shown
+# where present, so compare reads the summaries of older versions too.
+SHOWN = ("overrides", "images_per_s", "data_frac", "host_frac", "bound", "env", "val_top1")
+
 
 def job_order(path: Path) -> tuple[str, ...]:
     """Hydra's job folders 0, 1, ..., 10 in numeric order."""
@@ -19,7 +23,7 @@ def load_runs(folders: list[Path]) -> list[tuple[dict[str, str], Summary]]:
         if not paths:
             raise ClearError(f"no summary.json under {folder}: is it the folder of finished runs?")
         for path in paths:
-            summary = Summary.read(path)
+            summary = Summary.read(path, needs=SHOWN)
             runs.append((dict(override.partition("=")[::2] for override in summary.overrides), summary))
     return runs
 
