@@ -15,6 +15,7 @@ import argparse
 import platform
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,10 +24,11 @@ import torch
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.core.config import ClearError, build
 from {{ cookiecutter.package }}.core.hardware import cpu_description
 from {{ cookiecutter.package }}.data.crops import TrainCrop
 from {{ cookiecutter.package }}.data.decoder import Unreadable
+from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.data.synth import write_dataset
 
 
@@ -63,7 +65,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         root = args.root or write_dataset(Path(scratch) / "photos", num_classes=10,
                                           train_per_class=-(-args.images // 10), val_per_class=1)
-        files = [path.read_bytes() for path in sorted((root / "train").rglob("*.JPEG"))[:args.images]]
+        try:
+            train, _, _ = open_tree(root)  # the images training would read, whatever their extension's case
+        except ClearError as err:
+            sys.exit(f"error: {err}")
+        files = [Path(path).read_bytes() for path in train.paths[:args.images]]
     print(f"# {cpu_description()[0]}, {platform.machine()}, Python {platform.python_version()}, {len(files)} files, "
           f"{args.crop_size}-pixel crops, median of {args.passes} passes")
     for name in cpu_decoders():

@@ -2,9 +2,12 @@
 files. The decoders come from conf/decoder/*.yaml, and what each needs from its own `_facts_`."""
 import importlib
 import io
+import os
 import random
 import re
 import resource
+import shutil
+import subprocess
 import sys
 import time
 from importlib import metadata
@@ -36,7 +39,7 @@ from {{ cookiecutter.package }}.data.loaders import check_fit
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
-from conftest import (CONF, DEVICE, ODD_FILES, encoded, error_line, installed, on_this_machine, photo, summary,
+from conftest import (CONF, DEVICE, ODD_FILES, PROJECT, QUIET, encoded, error_line, installed, on_this_machine, photo, summary,
                       uploaded)
 from zoo import ZOO, pillow_reads
 
@@ -256,6 +259,22 @@ def test_every_cpu_decoder_declares_its_measured_cost_and_the_fastest_installed_
     assert cpu and all((options.facts("decoder", name).decode_us or 0) > 0 for name in cpu), "decode_us is missing"
     installed = [name for name in cpu if not options.facts("decoder", name).missing()]
     assert options.fastest_cpu_decoder() == min(installed, key=lambda name: options.facts("decoder", name).decode_us)
+
+
+def test_the_cost_script_measures_every_installed_cpu_decoder_on_a_tree_of_lower_case_jpg_files(tiny_root, tmp_path):
+    tree = tmp_path / "photos"  # as many trees name their files: .jpg, where the synthetic set writes .JPEG
+    for path in tiny_root.rglob("*.JPEG"):
+        (tree / path.relative_to(tiny_root)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, (tree / path.relative_to(tiny_root)).with_suffix(".jpg"))
+    result = subprocess.run([sys.executable, "scripts/decode_cost.py", "--root", str(tree), "--images", "6",
+                             "--passes", "1", "--crop-size", "32"], cwd=PROJECT, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, **QUIET})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert ", 6 files, 32-pixel crops" in result.stdout
+    costs = dict(re.findall(r"decoder=(\w+): decode_us: (\d+)", result.stdout))
+    cpu = [name for name in options.options("decoder") if not options.facts("decoder", name).gpu
+           and not options.facts("decoder", name).takes_pixels and not options.facts("decoder", name).missing()]
+    assert sorted(costs) == sorted(cpu) and all(int(cost) > 0 for cost in costs.values())
 
 
 def test_a_cpu_decoder_this_machine_cannot_install_is_refused_naming_the_fastest_installed_one(monkeypatch):
