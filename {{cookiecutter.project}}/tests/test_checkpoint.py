@@ -114,6 +114,13 @@ def test_processes_that_disagree_on_the_checkpoint_refuse_to_resume(tmp_path):
     assert path == tmp_path / "last.pt" and state["progress"]["step"] == 4
 
 
+@pytest.mark.parametrize("held", [{"step": 4, "model": {}}, torch.zeros(2)], ids=["older layout", "not a dict"])
+def test_a_checkpoint_without_the_runs_progress_is_refused_in_one_line_naming_the_way_on(tmp_path, held):
+    torch.save(held, tmp_path / "last.pt")
+    with pytest.raises(ConfigError, match=r"holds no run progress: .*model.weights=.*last.pt$"):
+        checkpoint.resume_state("auto", tmp_path, World(0, 0, 1, torch.device("cpu")))
+
+
 class Held:
     """A checkpoint part holding a given state."""
 

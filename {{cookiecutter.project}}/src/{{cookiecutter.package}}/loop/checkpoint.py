@@ -174,6 +174,9 @@ def resume_state(resume: str | None, run_dir: Path, world: World) -> tuple[Path 
     """
     path = find(resume, run_dir)
     state = load(path, world.device) if path else None
+    if state is not None and not (isinstance(state, dict) and "progress" in state):  # not a run's parts by key
+        raise ConfigError(f"resume={path} holds no run progress: an older version of the project or another program "
+                          f"wrote it; start a fresh run, or fine-tune from its weights with model.weights={path}")
     step = step_of(state) if state else -1  # -1: starting from scratch
     if world.max(step) != -world.max(-step):
         raise ConfigError(f"the processes of this job found different checkpoints to resume from (this one: "
