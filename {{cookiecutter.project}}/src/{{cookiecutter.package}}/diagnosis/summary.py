@@ -50,7 +50,7 @@ class Summary:
     processes: int
     timing_rank: int  # the process whose timings these are
     ranks: list[dict]  # every process's shares: rank, host, data_frac, host_frac, compute_frac, images_per_s
-    epoch_start_ms: list[float]  # each of this run's epochs: the wait for its first batch
+    epoch_start_ms: list[float]  # each epoch: the wait for its first batch, those of the runs it resumed included
     coverage: list[dict]  # each epoch's check that it trained every image once (data/coverage.py)
     setup: dict[str, float]  # seconds before the first step, by stage: total_s, data_s, workers_s, first_batch_s
 
