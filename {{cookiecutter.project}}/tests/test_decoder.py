@@ -251,13 +251,22 @@ def test_a_backend_whose_libraries_do_not_load_is_refused_in_one_line(name, monk
         f"reinstall the build made for this torch, pip install --force-reinstall -e '.[{facts.extra}]'")
 
 
+def cpu_decoders() -> list[str]:
+    """The decoders that decode in the loader's workers: neither on a device nor of stored pixels."""
+    return [name for name in options.options("decoder")
+            if not options.facts("decoder", name).gpu and not options.facts("decoder", name).takes_pixels]
+
+
+def installed_here(decoders: list[str]) -> list[str]:
+    return [name for name in decoders if not options.facts("decoder", name).missing()]
+
+
 def test_every_cpu_decoder_declares_its_measured_cost_and_the_fastest_installed_costs_least():
     """The cost is measured (scripts/decode_cost.py) and declared once, in each decoder's facts: a new decoder takes its
     place by its own figure, and no other decoder's changes."""
-    cpu = [name for name in options.options("decoder")
-           if not options.facts("decoder", name).gpu and not options.facts("decoder", name).takes_pixels]
+    cpu = cpu_decoders()
     assert cpu and all((options.facts("decoder", name).decode_us or 0) > 0 for name in cpu), "decode_us is missing"
-    installed = [name for name in cpu if not options.facts("decoder", name).missing()]
+    installed = installed_here(cpu)
     assert options.fastest_cpu_decoder() == min(installed, key=lambda name: options.facts("decoder", name).decode_us)
 
 
@@ -272,9 +281,7 @@ def test_the_cost_script_measures_every_installed_cpu_decoder_on_a_tree_of_lower
     assert result.returncode == 0, result.stderr[-2000:]
     assert ", 6 files, 32-pixel crops" in result.stdout
     costs = dict(re.findall(r"decoder=(\w+): decode_us: (\d+)", result.stdout))
-    cpu = [name for name in options.options("decoder") if not options.facts("decoder", name).gpu
-           and not options.facts("decoder", name).takes_pixels and not options.facts("decoder", name).missing()]
-    assert sorted(costs) == sorted(cpu) and all(int(cost) > 0 for cost in costs.values())
+    assert sorted(costs) == sorted(installed_here(cpu_decoders())) and all(int(cost) > 0 for cost in costs.values())
 
 
 def test_a_cpu_decoder_this_machine_cannot_install_is_refused_naming_the_fastest_installed_one(monkeypatch):
