@@ -41,6 +41,20 @@ def test_a_key_it_does_not_know_is_refused_in_one_line_before_anything_runs(tmp_
         "error: +gpu_check.run_timout_s: no such key; did you mean gpu_check.run_timeout_s?"]
 
 
+@pytest.mark.parametrize("section", ["pipelines", "split_off"])
+def test_a_section_left_out_is_refused_in_one_line_before_anything_runs(section, tmp_path):
+    from {{ cookiecutter.package }}.core.config import ConfigError
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("gpu_check", [f"~gpu_check.{section}"])
+    with pytest.raises(ConfigError) as refused:
+        gpu_check(cfg, tmp_path)
+    assert str(refused.value) == (
+        f"~gpu_check.{section}: the report is built of every section; leave out entries of gpu_check.pipelines or "
+        "gpu_check.compute instead, such as ~gpu_check.compute.fp32_compile")
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_failed_run_is_summed_up_by_the_line_that_says_why():
     from {{ cookiecutter.package }}.core.failures import reported
 

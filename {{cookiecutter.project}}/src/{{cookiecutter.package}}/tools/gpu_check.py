@@ -176,7 +176,14 @@ def markdown(cfg: DictConfig, runs: list[Trial], ceiling: float, bench_rows: lis
     return "\n".join(lines)
 
 
+SECTIONS = ("common", "ceiling", "pipelines", "compute", "split_off", "bench")  # the report reads each of them
+
+
 def gpu_check(cfg: DictConfig, run_dir: Path) -> Path:
+    left_out = [section for section in SECTIONS if section not in cfg.gpu_check]
+    if left_out:
+        raise ConfigError(f"~gpu_check.{left_out[0]}: the report is built of every section; leave out entries of "
+                          "gpu_check.pipelines or gpu_check.compute instead, such as ~gpu_check.compute.fp32_compile")
     if not torch.cuda.is_available() and not cfg.gpu_check.allow_cpu:
         raise ConfigError("gpu_check measures a GPU and torch.cuda.is_available() is False here: run it on a "
                           "machine with CUDA (gpu_check.allow_cpu=true runs the sweep on the CPU, to test the tool)")
