@@ -3,6 +3,7 @@ import json
 import re
 import sys
 from dataclasses import astuple
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -221,8 +222,9 @@ def test_recipe_and_debug_overlays_compose_with_what_they_set(group, option):
     import {{ cookiecutter.package }}.core.config  # noqa: F401 - registers the resolvers the recipes use
 
     overlay = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
+    paths = paths_left_to_the_user(group, option, CONF)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", [f"{group}={option}"])
+        cfg = compose("train", [f"{group}={option}", *paths])
     for key, value in settings_of(overlay):
         assert OmegaConf.select(cfg, key) == value, key
     check_ranges(cfg)  # every number a recipe sets is in its key's range
@@ -391,9 +393,20 @@ def test_a_key_no_option_reads_is_refused_in_one_line_naming_the_one_meant(added
     assert str(refused.value) == line
 
 
+def paths_left_to_the_user(group: str, option: str, folder: Path) -> list[str]:
+    """The overrides a user adds to `group=option`: a recipe that reads a pack leaves its folder to the user, as it
+    leaves data.root."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", [f"{group}={option}"])
+    return [f"format.path={folder}"] if OmegaConf.is_missing(cfg.format, "path") else []
+
+
 @pytest.mark.parametrize("option", options.options("experiment"))
-def test_every_recipe_added_with_a_plus_passes_the_checks(option, tmp_path):
-    with hydra_run("train", [f"experiment={option}"], tmp_path) as cfg:
+def test_every_recipe_passes_the_checks_given_the_paths_it_leaves_to_the_user(option, tmp_path):
+    with hydra_run("train", [f"experiment={option}", *paths_left_to_the_user("experiment", option, tmp_path)],
+                   tmp_path) as cfg:
         check(cfg)
 
 
