@@ -5,19 +5,28 @@ of experiment=fashion_mnist trains 10 epochs of 60,000 images, so the whole tabl
     python scripts/fashion_mnist.py /data/fashion-mnist
     python scripts/accuracy.py /data/fashion-mnist --work /tmp/accuracy --seeds 0 1 2 \\
         --reference ~/vision/references/classification --out accuracy.md
+    # on a GPU machine: five runs at a time, each with two loader workers, sharing the GPU
+    python scripts/accuracy.py ... --device cuda --jobs 5 --workers 2
 
 Every row trains `experiment=fashion_mnist` with its overrides (ResNet-18, 28-pixel crops, batch 128, SGD with
 Nesterov momentum at lr 0.2, a linear warm-up of one epoch then cosine decay, label smoothing 0.1). The reference
 row runs torchvision's `references/classification/train.py` from a checkout of torchvision (`--reference`; this
 project holds none of its code) with the same settings, as far as its flags go: its schedule steps once per epoch
 and decays the biases, where this project's steps per batch and does not. It has no seed flag, so its runs differ
-by their random start alone.
+by their random start alone. The row `experiment=fast_to_accuracy` trains that recipe in place of
+experiment=fashion_mnist.
+
+With --jobs above 1, runs share the machine, so their minutes compare rows within one table only; time one row
+against another alone with --jobs 1. Each run's time to the --levels of validation top-1 comes from its
+summary.json. The table is rewritten (whole, under a temporary name) as each row completes, so a table cut short
+keeps the rows it finished.
 
 A row is within the reference's spread where its mean top-1 is no further from the reference row's mean than twice
 the larger of the two rows' standard deviations over seeds. The table gives each seed's top-1, so the reader can
 judge otherwise.
 """
 import argparse
+import concurrent.futures
 import re
 import statistics
 import subprocess
@@ -42,6 +51,7 @@ VARIANTS = {
     "order=blocks (format=lmdb)": ["format=lmdb", "format.path={packs}/lmdb", "order=blocks"],
     "precision=bf16": ["decoder=pil", "precision=bf16"],
     "model.channels_last=true": ["decoder=pil", "model.channels_last=true"],
+    "experiment=fast_to_accuracy": ["experiment=fast_to_accuracy", "format.path={packs}/tensor"],
 }
 PACKS = {"lmdb": [], "tensor": [f"pack.short_side={SHORT_SIDE}"]}
 
@@ -51,6 +61,7 @@ class Row:
     name: str
     top1: list[float] = field(default_factory=list)  # the last validation's top-1 of each seed's run
     minutes: list[float] = field(default_factory=list)  # each run's wall time
+    reached: list[dict[str, float]] = field(default_factory=list)  # each run's minutes to each level it reached
 
     @property
     def mean(self) -> float:
@@ -63,17 +74,45 @@ class Row:
     def within(self, reference: "Row") -> bool:
         return abs(self.mean - reference.mean) <= 2 * max(self.sd, reference.sd)
 
+    def minutes_to(self, level: str) -> str:
+        """The mean minutes to `level` over the runs that reached it, and how many did, or "-" where none did or
+        none was timed (the reference's log gives no times)."""
+        times = [reached[level] for reached in self.reached if level in reached]
+        if not times:
+            return "-"
+        return f"{statistics.fmean(times):.1f}" + (f" ({len(times)} of {len(self.reached)})"
+                                                   if len(times) < len(self.reached) else "")
+
+
+@dataclass
+class Run:
+    """What one training run gives a row."""
+    top1: float
+    minutes: float
+    reached: dict[str, float] | None = None  # minutes to each level reached; None: not timed
+
 
 def overrides(variant: list[str], packs: Path) -> list[str]:
     return [override.format(packs=packs) for override in variant]
 
 
-def ours(root: Path, variant: list[str], seed: int, epochs: int, run_dir: Path, packs: Path) -> float:
-    """The last validation top-1 of one run of this project's loop."""
-    command = [sys.executable, "-m", f"{PACKAGE}.train", RECIPE, f"data.root={root}", f"seed={seed}",
-               f"train.epochs={epochs}", f"hydra.run.dir={run_dir}", *overrides(variant, packs)]
+def recipe_and_overrides(variant: list[str], packs: Path) -> list[str]:
+    """experiment=fashion_mnist and the row's overrides, or the row's own recipe where it names one."""
+    chosen = overrides(variant, packs)
+    return chosen if any(override.startswith("experiment=") for override in chosen) else [RECIPE, *chosen]
+
+
+def ours(root: Path, variant: list[str], seed: int, epochs: int, run_dir: Path, packs: Path, workers: int,
+         levels: list[int]) -> Run:
+    """One run of this project's loop: its last validation top-1 and its minutes to each level."""
+    command = [sys.executable, "-m", f"{PACKAGE}.train", *recipe_and_overrides(variant, packs), f"data.root={root}",
+               f"seed={seed}", f"train.epochs={epochs}", f"loader.num_workers={workers}",
+               f"train.top1_levels=[{','.join(map(str, levels))}]", f"hydra.run.dir={run_dir}"]
+    start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return Summary.read(run_dir / "summary.json").val_top1
+    summary = Summary.read(run_dir / "summary.json")
+    return Run(summary.val_top1, (time.perf_counter() - start) / 60,
+               {level: seconds / 60 for level, seconds in summary.time_to_top1_s.items()})
 
 
 def reference_command(script: Path, root: Path, epochs: int, out: Path, device: str, workers: int) -> list[str]:
@@ -94,30 +133,69 @@ def last_top1(log: str) -> float:
     return float(found[-1])
 
 
-def reference(script: Path, root: Path, epochs: int, out: Path, device: str, workers: int) -> float:
+def reference(script: Path, root: Path, epochs: int, out: Path, device: str, workers: int) -> Run:
+    start = time.perf_counter()
     result = subprocess.run(reference_command(script, root, epochs, out, device, workers), check=True,
                             capture_output=True, text=True, cwd=script.parent)
-    return last_top1(result.stdout)
+    return Run(last_top1(result.stdout), (time.perf_counter() - start) / 60)
 
 
-def table(rows: list[Row], reference_row: Row) -> str:
-    lines = ["| run | top-1 per seed (%) | mean | sd | within the reference's spread | minutes per run |",
-             "|---|---|---:|---:|---|---:|"]
+def table(rows: list[Row], reference_row: Row, levels: list[int]) -> str:
+    lines = ["| run | top-1 per seed (%) | mean | sd | within the reference's spread | minutes per run | "
+             + " | ".join(f"minutes to {level}%" for level in levels) + " |",
+             "|---|---|---:|---:|---|---:|" + "---:|" * len(levels)]
     for row in rows:
         within = "(the reference)" if row is reference_row else ("yes" if row.within(reference_row) else "**no**")
         lines.append(f"| {row.name} | {', '.join(f'{value:.2f}' for value in row.top1)} | {row.mean:.2f} | "
-                     f"{row.sd:.2f} | {within} | {statistics.fmean(row.minutes):.1f} |")
+                     f"{row.sd:.2f} | {within} | {statistics.fmean(row.minutes):.1f} | "
+                     + " | ".join(row.minutes_to(str(level)) for level in levels) + " |")
     return "\n".join(lines) + "\n"
 
 
-def measured(name: str, seeds: list[int], run) -> Row:
-    """A row: run(seed), the top-1 of one training run, timed for each seed."""
-    row = Row(name)
-    for seed in seeds:
-        start = time.perf_counter()
-        row.top1.append(run(seed))
-        row.minutes.append((time.perf_counter() - start) / 60)
-    return row
+def write(text: str, out: Path) -> None:
+    """Whole or not at all."""
+    partial = out.with_name(f".{out.name}.partial")
+    partial.write_text(text)
+    partial.replace(out)
+
+
+def measure(rows: dict[str, list], seeds: list[int], jobs: int, levels: list[int], out: Path | None) -> list[Row]:
+    """Each row's runs, `jobs` at a time: rows maps a row's name to run(seed) -> Run. A run that fails leaves its
+    row out, said in one line, and the others go on. The table of the rows finished so far, the first of them its
+    reference, is written to `out` as each row finishes."""
+    done: dict[str, dict[int, Run]] = {name: {} for name in rows}
+    failed: list[str] = []
+    finished: list[Row] = []
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        pending = {pool.submit(run, seed): (name, seed) for name, run in rows.items() for seed in seeds}
+        for future in concurrent.futures.as_completed(pending):
+            name, seed = pending[future]
+            try:
+                done[name][seed] = future.result()
+            except (subprocess.CalledProcessError, RuntimeError, OSError) as err:
+                print(f"error: {name}, seed {seed}: {describe(err)}; the table leaves this row out", file=sys.stderr)
+                failed.append(name)
+                continue
+            if len(done[name]) == len(seeds):
+                finished = [collected(name, [done[name][seed] for seed in seeds]) for name in rows
+                            if len(done[name]) == len(seeds)]
+                if out:
+                    write(table(finished, finished[0], levels), out)
+    if failed:
+        raise RuntimeError(f"{len(set(failed))} row(s) failed: {', '.join(dict.fromkeys(failed))}; the lines above "
+                           "say why")
+    return finished
+
+
+def describe(err: Exception) -> str:
+    if isinstance(err, subprocess.CalledProcessError):
+        return f"{' '.join(map(str, err.cmd[:4]))} ... failed with exit code {err.returncode}; its output says why"
+    return str(err)
+
+
+def collected(name: str, runs: list[Run]) -> Row:
+    return Row(name, [run.top1 for run in runs], [run.minutes for run in runs],
+               [run.reached for run in runs if run.reached is not None])
 
 
 def main() -> None:
@@ -128,7 +206,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--reference", type=Path, help="torchvision's references/classification folder")
     parser.add_argument("--device", default="cpu", help="the reference run's --device (cuda on a GPU)")
-    parser.add_argument("--workers", type=int, default=2, help="the reference run's loader workers")
+    parser.add_argument("--workers", type=int, default=2, help="each run's loader workers, the reference's too")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time, sharing the machine")
+    parser.add_argument("--levels", type=int, nargs="+", default=[90, 92],
+                        help="validation top-1 levels (%%) whose time the table gives")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--out", type=Path, help="write the table here as well as to stdout")
     args = parser.parse_args()
@@ -140,29 +221,24 @@ def main() -> None:
                  "references/classification folder")
     packs = args.work / "packs"
     for format, settings in PACKS.items():
-        if any(f"format={format}" in override for name in args.variants for override in VARIANTS[name]) and \
+        if any(override == "format.path={packs}/" + format for name in args.variants for override in VARIANTS[name]) and \
                 not (packs / format).exists():
             subprocess.run([sys.executable, "-m", f"{PACKAGE}.pack", f"data.root={args.root}", f"format={format}",
                             f"pack.out={packs / format}", *settings], check=True, stdout=subprocess.DEVNULL)
-    rows = []
+    rows = {}
     if script is not None:
-        rows.append(measured("torchvision's references/classification/train.py", args.seeds, lambda seed: reference(
-            script, args.root, args.epochs, args.work / f"reference-{seed}", args.device, args.workers)))
+        rows["torchvision's references/classification/train.py"] = lambda seed: reference(
+            script, args.root, args.epochs, args.work / f"reference-{seed}", args.device, args.workers)
     for name in args.variants:
         runs = args.work / "runs" / re.sub(r"\W+", "-", name).strip("-")
-        rows.append(measured(name, args.seeds, lambda seed: ours(args.root, VARIANTS[name], seed, args.epochs,
-                                                                 runs / f"seed{seed}", packs)))
-    written = table(rows, rows[0])
-    print(written)
-    if args.out:  # whole or not at all
-        partial = args.out.with_name(f".{args.out.name}.partial")
-        partial.write_text(written)
-        partial.replace(args.out)
+        rows[name] = lambda seed, name=name, runs=runs: ours(args.root, VARIANTS[name], seed, args.epochs,
+                                                             runs / f"seed{seed}", packs, args.workers, args.levels)
+    finished = measure(rows, args.seeds, args.jobs, args.levels, args.out)
+    print(table(finished, finished[0], args.levels))
 
 
 if __name__ == "__main__":
     try:
         main()
-    except subprocess.CalledProcessError as err:  # the run's own error line is above
-        sys.exit(f"error: {' '.join(map(str, err.cmd[:4]))} ... failed with exit code {err.returncode}; its output "
-                 "above says why")
+    except (subprocess.CalledProcessError, RuntimeError) as err:  # a run's own error line is above
+        sys.exit(f"error: {describe(err)}")

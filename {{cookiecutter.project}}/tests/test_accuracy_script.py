@@ -1,6 +1,7 @@
 """scripts/accuracy.py, the accuracy tables' benchmark: every row's overrides make a configuration the checks pass,
 the reference's last top-1 is read from its log, and the table marks a row outside the reference's spread."""
 import importlib.util
+import subprocess
 
 import pytest
 
@@ -20,8 +21,8 @@ def test_every_rows_overrides_pass_the_checks(name, tiny_root, tmp_path):
     missing = [options.facts("format", format).missing() for format in formats]
     if any(missing):  # a row of an extra that is not installed here (make test-base installs none)
         pytest.skip(f"{name}: {next(reason for reason in missing if reason)}")
-    chosen = [accuracy.RECIPE, f"data.root={tiny_root}", "seed=1", "train.epochs=2",
-              *accuracy.overrides(accuracy.VARIANTS[name], tmp_path / "packs")]
+    chosen = [*accuracy.recipe_and_overrides(accuracy.VARIANTS[name], tmp_path / "packs"), f"data.root={tiny_root}",
+              "seed=1", "train.epochs=2"]
     with hydra_run("train", chosen, tmp_path / "run") as cfg:
         check(cfg)
     assert cfg.model.name == "resnet18" and cfg.data.crop_size == 28 and cfg.train.epochs == 2
@@ -38,12 +39,29 @@ def test_the_reference_runs_last_top1_is_read_from_its_log():
 def test_a_row_further_than_twice_the_larger_spread_from_the_reference_is_marked():
     reference = accuracy.Row("reference", [90.0, 91.0, 92.0], [1.0] * 3)  # sd 1.0
     close, far = accuracy.Row("close", [89.0, 89.5, 90.0], [1.0] * 3), accuracy.Row("far", [86.0, 86.5, 87.0], [1.0] * 3)
-    lines = accuracy.table([reference, close, far], reference).splitlines()
+    lines = accuracy.table([reference, close, far], reference, [90]).splitlines()
     assert lines[2].startswith("| reference | 90.00, 91.00, 92.00 | 91.00 | 1.00 | (the reference) |")
     assert "| yes |" in lines[3] and "| **no** |" in lines[4]
 
 
-def test_a_row_holds_each_seeds_top1_in_turn_and_its_minutes():
-    row = accuracy.measured("a row", [3, 1], lambda seed: 90.0 + seed)
-    assert row.name == "a row" and row.top1 == [93.0, 91.0] and len(row.minutes) == 2
-    assert all(minutes >= 0 for minutes in row.minutes)
+def test_the_minutes_to_a_level_are_the_mean_of_the_runs_that_reached_it_saying_how_many_did():
+    row = accuracy.Row("a row", [91.0, 89.0, 92.0], [2.0] * 3, [{"90": 1.0}, {}, {"90": 2.0, "92": 1.5}])
+    assert [row.minutes_to(level) for level in ("90", "92", "95")] == ["1.5 (2 of 3)", "1.5 (1 of 3)", "-"]
+    assert accuracy.Row("timed by none", [91.0], [2.0]).minutes_to("90") == "-"
+
+
+def test_runs_at_a_time_fill_each_row_by_seed_and_a_failed_run_leaves_its_row_out_in_one_line(tmp_path, capsys):
+    def good(seed):
+        return accuracy.Run(90.0 + seed, 1.0, {"90": 0.5})
+
+    def broken(seed):
+        raise subprocess.CalledProcessError(3, ["python", "-m", "train", "seed=1", "more"])
+
+    out = tmp_path / "table.md"
+    with pytest.raises(RuntimeError, match=r"^1 row\(s\) failed: broken;"):
+        accuracy.measure({"reference": good, "broken": broken, "other": good}, [2, 0, 1], 3, [90], out)
+    assert "error: broken, seed " in capsys.readouterr().err
+    rows = out.read_text().splitlines()[2:]  # the table of the rows that finished, written as each did
+    assert [row.split(" | ")[:2] for row in rows] == [["| reference", "92.00, 90.00, 91.00"],
+                                                      ["| other", "92.00, 90.00, 91.00"]]
+    assert not list(tmp_path.glob(".*.partial"))
