@@ -198,17 +198,27 @@ def collected(name: str, runs: list[Run]) -> Row:
                [run.reached for run in runs if run.reached is not None])
 
 
+def whole(low: int, high: int | None = None):
+    """An argparse type: a whole number from low (to high), refused in argparse's one error line otherwise."""
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"-?[0-9]+", text) or int(text) < low or (high is not None and int(text) > high):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low}"
+                                             + (f" to {high}" if high is not None else " up"))
+        return int(text)
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="the class-folder tree of scripts/fashion_mnist.py")
     parser.add_argument("--work", type=Path, required=True, help="a folder for the packs and the runs")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--seeds", type=whole(0), nargs="+", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=whole(1), default=10)
     parser.add_argument("--reference", type=Path, help="torchvision's references/classification folder")
     parser.add_argument("--device", default="cpu", help="the reference run's --device (cuda on a GPU)")
-    parser.add_argument("--workers", type=int, default=2, help="each run's loader workers, the reference's too")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time, sharing the machine")
-    parser.add_argument("--levels", type=int, nargs="+", default=[90, 92],
+    parser.add_argument("--workers", type=whole(0), default=2, help="each run's loader workers, the reference's too")
+    parser.add_argument("--jobs", type=whole(1), default=1, help="runs at a time, sharing the machine")
+    parser.add_argument("--levels", type=whole(1, 100), nargs="+", default=[90, 92],
                         help="validation top-1 levels (%%) whose time the table gives")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--out", type=Path, help="write the table here as well as to stdout")

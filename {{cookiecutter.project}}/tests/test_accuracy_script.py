@@ -2,6 +2,7 @@
 the reference's last top-1 is read from its log, and the table marks a row outside the reference's spread."""
 import importlib.util
 import subprocess
+import sys
 
 import pytest
 
@@ -65,3 +66,11 @@ def test_runs_at_a_time_fill_each_row_by_seed_and_a_failed_run_leaves_its_row_ou
     assert [row.split(" | ")[:2] for row in rows] == [["| reference", "92.00, 90.00, 91.00"],
                                                       ["| other", "92.00, 90.00, 91.00"]]
     assert not list(tmp_path.glob(".*.partial"))
+
+
+def test_a_bad_number_is_refused_in_argparses_error_line_naming_the_flag(tmp_path):
+    result = subprocess.run([sys.executable, str(PROJECT / "scripts/accuracy.py"), str(tmp_path), "--work",
+                             str(tmp_path), "--jobs", "0"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "error: argument --jobs: '0' is not a whole number from 1 up")
