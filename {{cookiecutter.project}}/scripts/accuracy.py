@@ -21,9 +21,10 @@ against another alone with --jobs 1. Each run's time to the --levels of validati
 summary.json. The table is rewritten (whole, under a temporary name) as each row completes, so a table cut short
 keeps the rows it finished.
 
-A row is within the reference's spread where its mean top-1 is no further from the reference row's mean than twice
-the larger of the two rows' standard deviations over seeds. The table gives each seed's top-1, so the reader can
-judge otherwise.
+Each row is judged against another: this loop's reference pipeline against torchvision's reference, and each fast
+path against the reference pipeline. A row is within the other's spread where its mean top-1 is no further from
+the other's mean than twice the larger of the two rows' standard deviations over seeds. The table gives each
+seed's top-1, so the reader can judge otherwise.
 """
 import argparse
 import concurrent.futures
@@ -54,6 +55,8 @@ VARIANTS = {
     "experiment=fast_to_accuracy": ["experiment=fast_to_accuracy", "format.path={packs}/tensor"],
 }
 PACKS = {"lmdb": [], "tensor": [f"pack.short_side={SHORT_SIDE}"]}
+REFERENCE = "torchvision's references/classification/train.py"
+PIPELINE = next(iter(VARIANTS))  # this loop's reference pipeline, which each fast path is judged against
 
 
 @dataclass
@@ -140,12 +143,28 @@ def reference(script: Path, root: Path, epochs: int, out: Path, device: str, wor
     return Run(last_top1(result.stdout), (time.perf_counter() - start) / 60)
 
 
-def table(rows: list[Row], reference_row: Row, levels: list[int]) -> str:
-    lines = ["| run | top-1 per seed (%) | mean | sd | within the reference's spread | minutes per run | "
+def compared_with(name: str, names: list[str]) -> str | None:
+    """The row that the row `name` is judged against, among the rows asked for: torchvision's reference for this
+    loop's reference pipeline, and the reference pipeline (else torchvision's) for each fast path; None for the
+    row nothing is asked before."""
+    ahead = [REFERENCE] if name == PIPELINE else [] if name == REFERENCE else [PIPELINE, REFERENCE]
+    return next((candidate for candidate in ahead if candidate in names), None)
+
+
+def table(rows: list[Row], names: list[str], levels: list[int]) -> str:
+    """The rows finished, each judged against the row compared_with names, once that one has finished too."""
+    by_name = {row.name: row for row in rows}
+    lines = ["| run | top-1 per seed (%) | mean | sd | within the spread of | minutes per run | "
              + " | ".join(f"minutes to {level}%" for level in levels) + " |",
              "|---|---|---:|---:|---|---:|" + "---:|" * len(levels)]
     for row in rows:
-        within = "(the reference)" if row is reference_row else ("yes" if row.within(reference_row) else "**no**")
+        target = compared_with(row.name, names)
+        if target is None:
+            within = "(the reference)"
+        elif target not in by_name:
+            within = f"not judged: {target} did not finish"
+        else:
+            within = f"{'yes' if row.within(by_name[target]) else '**no**'}, of {target}"
         lines.append(f"| {row.name} | {', '.join(f'{value:.2f}' for value in row.top1)} | {row.mean:.2f} | "
                      f"{row.sd:.2f} | {within} | {statistics.fmean(row.minutes):.1f} | "
                      + " | ".join(row.minutes_to(str(level)) for level in levels) + " |")
@@ -159,20 +178,22 @@ def write(text: str, out: Path) -> None:
     partial.replace(out)
 
 
-def measure(rows: dict[str, list], seeds: list[int], jobs: int, levels: list[int], out: Path | None) -> list[Row]:
+def measure(rows: dict[str, list], seeds: list[int], jobs: int, levels: list[int],
+            out: Path | None) -> tuple[list[Row], list[str]]:
     """Each row's runs, `jobs` at a time: rows maps a row's name to run(seed) -> Run. A run that fails leaves its
-    row out, said in one line, and the others go on. The table of the rows finished so far, the first of them its
-    reference, is written to `out` as each row finishes."""
+    row out, said in one line, and the others go on. The table of the rows finished so far is written to `out` as
+    each row finishes. Returns the rows finished and the names of those that failed."""
     done: dict[str, dict[int, Run]] = {name: {} for name in rows}
     failed: list[str] = []
     finished: list[Row] = []
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        pending = {pool.submit(run, seed): (name, seed) for name, run in rows.items() for seed in seeds}
+    pool = concurrent.futures.ThreadPoolExecutor(jobs)
+    pending = {pool.submit(run, seed): (name, seed) for name, run in rows.items() for seed in seeds}
+    try:
         for future in concurrent.futures.as_completed(pending):
             name, seed = pending[future]
             try:
                 done[name][seed] = future.result()
-            except (subprocess.CalledProcessError, RuntimeError, OSError) as err:
+            except Exception as err:  # any way a run can fail: its exit code, an unreadable summary, ...
                 print(f"error: {name}, seed {seed}: {describe(err)}; the table leaves this row out", file=sys.stderr)
                 failed.append(name)
                 continue
@@ -180,11 +201,10 @@ def measure(rows: dict[str, list], seeds: list[int], jobs: int, levels: list[int
                 finished = [collected(name, [done[name][seed] for seed in seeds]) for name in rows
                             if len(done[name]) == len(seeds)]
                 if out:
-                    write(table(finished, finished[0], levels), out)
-    if failed:
-        raise RuntimeError(f"{len(set(failed))} row(s) failed: {', '.join(dict.fromkeys(failed))}; the lines above "
-                           "say why")
-    return finished
+                    write(table(finished, list(rows), levels), out)
+    finally:  # on an error or Ctrl-C, no queued run starts; the running ones end with their own processes
+        pool.shutdown(wait=False, cancel_futures=True)
+    return finished, list(dict.fromkeys(failed))
 
 
 def describe(err: Exception) -> str:
@@ -223,6 +243,10 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--out", type=Path, help="write the table here as well as to stdout")
     args = parser.parse_args()
+    if len(set(args.seeds)) < len(args.seeds):
+        parser.error(f"argument --seeds: {' '.join(map(str, args.seeds))} names a seed twice; give each once")
+    if args.out and not args.out.parent.is_dir():
+        sys.exit(f"error: --out {args.out}: {args.out.parent} is not a folder; create it, or write the table elsewhere")
     if not (args.root / "train").is_dir():
         sys.exit(f"error: {args.root} holds no train/: write it first with python scripts/fashion_mnist.py {args.root}")
     script = args.reference / "train.py" if args.reference else None
@@ -237,18 +261,20 @@ def main() -> None:
                             f"pack.out={packs / format}", *settings], check=True, stdout=subprocess.DEVNULL)
     rows = {}
     if script is not None:
-        rows["torchvision's references/classification/train.py"] = lambda seed: reference(
+        rows[REFERENCE] = lambda seed: reference(
             script, args.root, args.epochs, args.work / f"reference-{seed}", args.device, args.workers)
     for name in args.variants:
         runs = args.work / "runs" / re.sub(r"\W+", "-", name).strip("-")
         rows[name] = lambda seed, name=name, runs=runs: ours(args.root, VARIANTS[name], seed, args.epochs,
                                                              runs / f"seed{seed}", packs, args.workers, args.levels)
-    finished = measure(rows, args.seeds, args.jobs, args.levels, args.out)
-    print(table(finished, finished[0], args.levels))
+    finished, failed = measure(rows, args.seeds, args.jobs, args.levels, args.out)
+    print(table(finished, list(rows), args.levels))
+    if failed:
+        sys.exit(f"error: {len(failed)} row(s) failed: {', '.join(failed)}; the lines above say why")
 
 
 if __name__ == "__main__":
     try:
         main()
-    except (subprocess.CalledProcessError, RuntimeError) as err:  # a run's own error line is above
+    except subprocess.CalledProcessError as err:  # a pack's own error line is above
         sys.exit(f"error: {describe(err)}")
