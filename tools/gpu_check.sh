@@ -42,7 +42,17 @@ if ! "${install[@]}" --no-build-isolation -e "$OUT/$PROJECT[dev]"; then
     "wheels, and the tests of what is missing will skip"
   "${install[@]}" --no-build-isolation -e "$OUT/$PROJECT" \
     || fail "could not install the baked project: with no network, fill $WHEELHOUSE first (README: make wheelhouse)"
-  if [ -d "$WHEELHOUSE" ]; then "${install[@]}" --no-deps "$WHEELHOUSE"/*.whl; fi
+  # Never the wheelhouse's torch, torchvision or CUDA libraries: they would shadow the machine's own CUDA build.
+  wheels=()
+  if [ -d "$WHEELHOUSE" ]; then
+    for wheel in "$WHEELHOUSE"/*.whl; do
+      case "$(basename "$wheel")" in torch-*|torchvision-*|nvidia_*|triton-*|'*.whl') ;; *) wheels+=("$wheel") ;; esac
+    done
+  fi
+  if [ ${#wheels[@]} -gt 0 ]; then
+    "${install[@]}" --no-deps "${wheels[@]}" \
+      || fail "could not install the wheels of $WHEELHOUSE: make wheelhouse for this machine's Python (README)"
+  fi
 fi
 # DALI (decoder=dali) is the largest wheel and may not be in the wheelhouse: without it, its tests and rows skip.
 # Its wheels are built per CUDA major version: the one for this torch's, unless one is installed already.
