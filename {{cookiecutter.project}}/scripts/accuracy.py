@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from {{ cookiecutter.package }}.core.config import ClearError
+from {{ cookiecutter.package }}.core.files import write_atomic
 from {{ cookiecutter.package }}.diagnosis.summary import Summary
 
 PACKAGE = "{{ cookiecutter.package }}"
@@ -171,13 +173,6 @@ def table(rows: list[Row], names: list[str], levels: list[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(text: str, out: Path) -> None:
-    """Whole or not at all."""
-    partial = out.with_name(f".{out.name}.partial")
-    partial.write_text(text)
-    partial.replace(out)
-
-
 def measure(rows: dict[str, list], seeds: list[int], jobs: int, levels: list[int],
             out: Path | None) -> tuple[list[Row], list[str]]:
     """Each row's runs, `jobs` at a time: rows maps a row's name to run(seed) -> Run. A run that fails leaves its
@@ -201,7 +196,8 @@ def measure(rows: dict[str, list], seeds: list[int], jobs: int, levels: list[int
                 finished = [collected(name, [done[name][seed] for seed in seeds]) for name in rows
                             if len(done[name]) == len(seeds)]
                 if out:
-                    write(table(finished, list(rows), levels), out)
+                    text = table(finished, list(rows), levels)
+                    write_atomic(out, lambda path: path.write_text(text))
     finally:  # on an error or Ctrl-C, no queued run starts; the running ones end with their own processes
         pool.shutdown(wait=False, cancel_futures=True)
     return finished, list(dict.fromkeys(failed))
@@ -276,5 +272,5 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except subprocess.CalledProcessError as err:  # a pack's own error line is above
+    except (subprocess.CalledProcessError, ClearError) as err:  # a pack's own error line is above; a full disk
         sys.exit(f"error: {describe(err)}")

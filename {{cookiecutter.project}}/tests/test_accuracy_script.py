@@ -82,7 +82,30 @@ def test_runs_at_a_time_fill_each_row_by_seed_and_a_failed_run_leaves_its_row_ou
     rows = out.read_text().splitlines()[2:]  # the table of the rows that finished, written as each did
     assert [row.split(" | ")[:2] for row in rows] == [["| first", "92.00, 90.00, 91.00"],
                                                       ["| other", "92.00, 90.00, 91.00"]]
-    assert not list(tmp_path.glob(".*.partial"))
+    assert not list(tmp_path.glob(".*.partial*"))
+
+
+def test_a_table_that_cannot_be_written_stops_the_runs_queued_in_one_line(tmp_path):
+    import time
+
+    from {{ cookiecutter.package }}.core.files import WriteError
+
+    started = []
+
+    def run(name, seconds):
+        def one(seed):
+            started.append(name)
+            time.sleep(seconds)  # the second run is still going when the first's table fails to be written
+            return accuracy.Run(90.0, 1.0)
+        return one
+
+    out = tmp_path / "table.md"
+    out.mkdir()  # a folder where the table goes: renaming the table over it fails, as a full disk would
+    with pytest.raises(WriteError, match=f"^could not write {out}: "):
+        accuracy.measure({"first": run("first", 0), "second": run("second", 0.5), "third": run("third", 0)}, [0], 1,
+                         [90], out)
+    assert "third" not in started  # queued when the write failed: never started
+    assert list(tmp_path.iterdir()) == [out]  # no temporary left beside it
 
 
 def test_a_seed_named_twice_is_refused_before_any_run(tmp_path):
