@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -173,7 +174,7 @@ def table(rows: list[Row], names: list[str], levels: list[int]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure(rows: dict[str, list], seeds: list[int], jobs: int, levels: list[int],
+def measure(rows: dict[str, Callable[[int], Run]], seeds: list[int], jobs: int, levels: list[int],
             out: Path | None) -> tuple[list[Row], list[str]]:
     """Each row's runs, `jobs` at a time: rows maps a row's name to run(seed) -> Run. A run that fails leaves its
     row out, said in one line, and the others go on. The table of the rows finished so far is written to `out` as
