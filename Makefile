@@ -30,10 +30,12 @@ WHEELHOUSE_SKIP ?=
 
 .PHONY: demo test test-full test-base gpu-check wheelhouse clean
 
+# --compile-bytecode writes each module's .pyc at install: where PYTHONDONTWRITEBYTECODE is set, every interpreter
+# would otherwise compile torch's sources again each time it starts.
 $(VENV)/installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-cache-dir uv
-	$(UV) pip install --quiet --python $(PY) -r requirements.txt
+	$(UV) pip install --quiet --compile-bytecode --python $(PY) -r requirements.txt
 	touch $@
 
 demo: $(VENV)/installed
@@ -65,7 +67,7 @@ test-base: $(VENV)/installed
 	rm -rf $(BASE_DIR) $(BASE_VENV)
 	$(PY) -m cookiecutter --no-input . --output-dir $(BASE_DIR)
 	$(PYTHON) -m venv $(BASE_VENV)
-	$(UV) pip install --quiet --python $(BASE_VENV)/bin/python -e $(BASE_PROJECT) pytest
+	$(UV) pip install --quiet --compile-bytecode --python $(BASE_VENV)/bin/python -e $(BASE_PROJECT) pytest
 	cd $(BASE_PROJECT) && $(abspath $(BASE_VENV))/bin/python -m pytest -m "not full and not gpu" -p no:cacheprovider tests
 
 gpu-check:

@@ -114,6 +114,9 @@ def installed(template, tmp_path_factory):
     python = venv_seeing_ours(root / "venv")
     subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e",
                     str(project)], check=True, timeout=300)
+    # Its .pyc files written once: where PYTHONDONTWRITEBYTECODE is set, each command line the tests start would
+    # compile the package again.
+    subprocess.run([python, "-m", "compileall", "-q", str(project / "src")], check=True, timeout=300)
     return project, python
 
 
