@@ -121,3 +121,21 @@ def test_the_suite_collects_without_the_optional_extras():
     result = subprocess.run([sys.executable, "-c", script], cwd=PROJECT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     assert " error" not in result.stdout and "tests collected" in result.stdout
+
+
+def test_a_run_that_builds_no_torchvision_model_never_imports_torchvision():
+    """torchvision costs an interpreter seconds to import (it brings torch._dynamo): a refusal, `--help` or a run of
+    another library's model pays nothing for it. A fresh interpreter, since this one has imported it."""
+    import subprocess
+    import sys
+
+    from conftest import PACKAGE
+
+    modules = [f"{PACKAGE}.train", f"{PACKAGE}.loop.mix", f"{PACKAGE}.data.augment"]
+    if not options.facts("decoder", "nvjpeg").missing():  # its module imports TorchCodec, an extra
+        modules.append(f"{PACKAGE}.data.decoder.nvjpeg")
+    script = (f"import sys\nimport {', '.join(modules)}\n"
+              "print(sorted(name for name in sys.modules if name.startswith('torchvision')))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]"

@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from torchvision.transforms import v2
 
 from .. import options
 from ..contracts import Augment
@@ -24,7 +23,7 @@ from .decoder import CpuDecoder, Decoded
 class Policy:
     """A torchvision.transforms.v2 policy on a CHW uint8 tensor, drawing from torch's generator seeded for the crop."""
 
-    def __init__(self, policy: v2.Transform):
+    def __init__(self, policy: Callable[[torch.Tensor], torch.Tensor]):
         self.policy = policy
 
     def __repr__(self) -> str:
@@ -65,6 +64,8 @@ def none(transform: Callable, decoder) -> Callable:
 
 
 def trivial_augment(transform: Callable, decoder, num_magnitude_bins: int) -> Augmented:
+    from torchvision.transforms import v2  # here, so that augment=none never imports torchvision
+
     return augmented("trivial_augment", transform, decoder,
                      Policy(v2.TrivialAugmentWide(num_magnitude_bins=num_magnitude_bins)))
 
@@ -73,6 +74,8 @@ def rand_augment(transform: Callable, decoder, num_ops: int, magnitude: int, num
     if magnitude >= num_magnitude_bins:
         raise ConfigError(f"augment.magnitude={magnitude} must be below augment.num_magnitude_bins="
                           f"{num_magnitude_bins}, the number of steps between no change and the strongest")
+    from torchvision.transforms import v2
+
     return augmented("rand_augment", transform, decoder,
                      Policy(v2.RandAugment(num_ops=num_ops, magnitude=magnitude,
                                            num_magnitude_bins=num_magnitude_bins)))

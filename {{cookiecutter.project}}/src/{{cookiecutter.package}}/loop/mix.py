@@ -8,14 +8,17 @@ integer labels pass unchanged. The draws come from torch's generator, which the 
 top-1 in the logs still counts each image's own label, which a mixed image only partly shows.
 """
 import torch
-from torchvision.transforms import v2
 
 
 class BatchMix:
     def __init__(self, mixup_alpha: float, cutmix_alpha: float, classes: int):
-        mixes = [mix(alpha=alpha, num_classes=classes)
-                 for mix, alpha in ((v2.MixUp, mixup_alpha), (v2.CutMix, cutmix_alpha)) if alpha > 0]
-        self.transform = v2.RandomChoice(mixes) if mixes else None
+        self.transform = None
+        if mixup_alpha > 0 or cutmix_alpha > 0:
+            from torchvision.transforms import v2  # here, so that a run without mixing never imports torchvision
+
+            mixes = [mix(alpha=alpha, num_classes=classes)
+                     for mix, alpha in ((v2.MixUp, mixup_alpha), (v2.CutMix, cutmix_alpha)) if alpha > 0]
+            self.transform = v2.RandomChoice(mixes)
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch to train on and its targets: class indices, or, mixed, a probability per class."""

@@ -14,7 +14,6 @@ import torch
 from PIL import Image
 from torch.nn.functional import pad
 from torchcodec.decoders import decode_jpeg
-from torchvision.ops import roi_align
 
 from ... import options
 from ...core.config import ConfigError
@@ -100,6 +99,8 @@ def crop_resize_flip(images: list[torch.Tensor], boxes: list[tuple[int, int, int
                      size: int) -> torch.Tensor:
     """CHW uint8 images of any sizes -> their boxes resized to size x size (area-averaged when shrinking,
     as roi_align averages ceil(box / size) samples per output pixel), flipped where asked: N x C x size x size."""
+    from torchvision.ops import roi_align  # torchvision is imported where its op is used, not by every run
+
     device = images[0].device
     padded = [(image.shape[1] + 2, image.shape[2] + 2) for image in images]
     corners, height, width = shelves(padded)
