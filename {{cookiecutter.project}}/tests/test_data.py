@@ -12,7 +12,7 @@ import torch
 
 from {{ cookiecutter.package }}.core.config import ConfigError
 from {{ cookiecutter.package }}.core.distributed import ALONE, World
-from {{ cookiecutter.package }}.core.failures import explain
+from {{ cookiecutter.package }}.core.failures import end_workers, explain
 from {{ cookiecutter.package }}.core.files import STORAGE_FAILED
 from {{ cookiecutter.package }}.data.crops import TrainCrop
 from {{ cookiecutter.package }}.data.decoder import decoding
@@ -296,6 +296,9 @@ def test_a_storage_failure_in_a_loader_worker_is_one_line_naming_the_image_and_t
     images = Images(FailedStorage(errno.EIO), decode, "skip")
     with pytest.raises(StorageFailed) as raised:
         list(loader(images, 4, False, num_workers=2))
+    # The traceback holds the loader's iterator: its workers end here, not when the garbage collector, in whatever
+    # test it runs, would wait 20 s for them.
+    end_workers()
     line = explain(raised.value)
     assert re.fullmatch(r"could not read image \d+: Input/output error \(EIO\): the storage failed, not the image: "
                         r"check the disk or the mount it is on \(in loader worker [01]\)", line), line
