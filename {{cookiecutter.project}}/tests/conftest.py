@@ -27,6 +27,13 @@ from PIL import Image
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="test-cache-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
+# Under pytest-xdist, test processes share the cores: torch gets one thread in each, and so does every command line
+# a test starts, or their threads would fight over the cores. The tests that compare CPU rates are marked `serial`
+# and run after them, alone, with every thread.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 from {{ cookiecutter.package }} import options  # noqa: E402 - after the cache folder is set
 from {{ cookiecutter.package }}.core.failures import end_workers  # noqa: E402
 from {{ cookiecutter.package }}.core.hardware import Hardware  # noqa: E402

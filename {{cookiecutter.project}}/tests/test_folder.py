@@ -84,6 +84,7 @@ def test_an_index_that_cannot_be_kept_costs_the_next_run_a_listing_not_this_one(
     assert len(index) == 6 and any("could not keep the index" in record.getMessage() for record in caplog.records)
 
 
+@pytest.mark.serial  # two listings timed in turn: another test's load would land on one more than the other
 def test_listing_a_large_split_costs_no_more_than_imagefolders_scan(tmp_path):
     """20,000 files in 100 class folders, page cache warm, each listing timed three times in turn; the kept index
     is timed too. docs/benchmarks.md has the figures at 1.28M files (scripts/scale.py)."""

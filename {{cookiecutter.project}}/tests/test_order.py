@@ -3,6 +3,7 @@ reads each run of its lane once, and blocks of a shuffled pack mix classes nearl
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from {{ cookiecutter.package }}.contracts import Layout, Store
@@ -19,6 +20,7 @@ def test_the_same_seed_draws_the_same_order_and_another_seed_another():
         assert (drawn[0] == drawn[1]).all() and not (drawn[0] == drawn[2]).all()
 
 
+@pytest.mark.serial  # two draws timed in turn: another test's load would land on one more than the other
 def test_the_blocks_order_of_imagenet_is_drawn_in_well_under_a_second():
     """What each process draws at every epoch's start; docs/benchmarks.md has the figure (scripts/order_speed.py)."""
     layout, generator = Layout(8, 8, 256), torch.Generator().manual_seed(0)
