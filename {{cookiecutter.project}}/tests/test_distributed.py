@@ -227,6 +227,7 @@ def test_a_loader_worker_killed_in_one_process_lets_torchrun_restart_the_group(t
     assert summary(run_dir).steps == STEPS_WITH_TWO_PROCESSES
 
 
+@pytest.mark.full  # it waits, by design, for the collective's timeout and torchrun's grace
 def test_a_process_that_stops_answering_fails_the_collective_and_the_healthy_one_tells_where_it_waited(
         tmp_path, cache_dir, tiny_root):
     run_dir = tmp_path / "run"
@@ -381,6 +382,8 @@ dist.destroy_process_group()
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2")
 
 
+@pytest.mark.full
+@pytest.mark.serial  # the ranks' data shares are compared: another test's load would skew the one it lands on
 @pytest.mark.parametrize("fault", [(), ("faults.rank=1", "faults.read_delay_ms=40")],
                          ids=["no fault", "rank 1 reads slowly"])
 def test_the_report_names_the_one_rank_that_holds_the_others_back(fault, tmp_path, train_cli):

@@ -11,6 +11,8 @@ from {{ cookiecutter.package }}.data.order import BlockOrder, RandomOrder
 from epochs import (agreed, assert_each_run_read_by_one_worker, assert_every_image_once, read_epoch, records,
                     stopped_and_resumed, trained_by_all)
 
+pytestmark = pytest.mark.full  # 1,200 layouts, some 20 s: the fast tier has the samplers in test_order.py and test_sampling.py
+
 pytest.importorskip("hypothesis", reason="the property tests need Hypothesis: pip install -e '.[dev]'")
 from hypothesis import HealthCheck, given, settings  # noqa: E402 - after the skip above
 from hypothesis import strategies as st  # noqa: E402
