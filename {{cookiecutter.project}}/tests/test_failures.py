@@ -116,7 +116,7 @@ def test_a_bug_in_a_worker_keeps_its_traceback_and_still_ends_the_run(tmp_path, 
 
 
 def test_a_checkpoint_of_another_model_is_refused_before_anything_loads(tmp_path, train_cli):
-    train_cli(tmp_path / "resnet18")
+    train_cli(tmp_path / "resnet18", "model.name=resnet18")
     result = train_cli(tmp_path / "run", "model.name=resnet34", f"resume={tmp_path / 'resnet18/last.pt'}",
                        check=False)
     assert result.returncode == 1
@@ -141,7 +141,7 @@ def test_a_full_disk_during_training_is_one_line_and_leaves_no_half_checkpoint(t
                                                                                  tiny_root):
     disk = small_disk(6)  # room for the logs and TensorBoard, not for a ResNet-18 checkpoint (45 MB)
     run_dir = (disk or tmp_path) / "run"
-    command = cli_command(run_dir, (), cache_dir, tiny_root)
+    command = cli_command(run_dir, ("model.name=resnet18",), cache_dir, tiny_root)
     inject = "" if disk else (  # no tmpfs without root: the same failure, raised where torch.save writes
         "import torch; torch.save = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("
         "'[enforce fail at inline_container.cc:671] . unexpected pos 576 vs 534'))\n")

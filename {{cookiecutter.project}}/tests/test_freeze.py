@@ -8,6 +8,8 @@ from {{ cookiecutter.package }}.core.config import ConfigError
 from {{ cookiecutter.package }}.loop.freeze import FrozenBackbone
 from {{ cookiecutter.package }}.loop.optim import sgd
 
+from conftest import SMALL_MODEL
+
 
 def changed(before: dict[str, torch.Tensor], model: torch.nn.Module) -> set[str]:
     """The tensors of `model`'s state, buffers included, that differ from `before`."""
@@ -52,11 +54,11 @@ def test_freezing_random_weights_is_refused():
 
 def test_a_fine_tune_run_trains_only_the_head_in_its_frozen_epoch(train_in_process, tmp_path):
     """Through the real loop: one epoch, frozen, from a file of another class count."""
-    weights = torchvision.models.resnet18(num_classes=10).state_dict()
+    weights = torchvision.models.get_model(SMALL_MODEL, num_classes=10).state_dict()
     torch.save(weights, tmp_path / "weights.pt")
     summary = train_in_process(f"model.weights={tmp_path / 'weights.pt'}", "train.freeze_epochs=1")
     assert summary.steps == 6
     trained = torch.load(train_in_process.run_dir / "last.pt")["model"]
-    assert trained["fc.weight"].shape == (3, 512)
+    assert trained["fc.weight"].shape == (3, weights["fc.weight"].shape[1])
     assert [name for name in weights if not name.startswith("fc.") and not torch.equal(trained[name], weights[name])] \
         == []

@@ -23,6 +23,9 @@ TIMM_MISSING = options.facts("model", "timm").missing()
 TIMM_TEST_MODEL = "test_resnet.r160_in1k"  # timm's own test network, 0.5 M parameters, normalised with 0.5 and 0.5
 
 
+RESNET18 = "model.name=resnet18"  # the architecture the weights files below are written for
+
+
 def network(compose_tiny, *overrides: str):
     return build(compose_tiny(*overrides).model)
 
@@ -41,7 +44,7 @@ def starts_from(model: torch.nn.Module, state: dict, head: str) -> None:
 def test_a_state_dict_file_starts_every_layer_and_the_head_gets_the_data_classes(compose_tiny, tmp_path):
     state = random_state("resnet18", 10)
     torch.save(state, tmp_path / "weights.pt")
-    built = network(compose_tiny, f"model.weights={tmp_path / 'weights.pt'}")
+    built = network(compose_tiny, RESNET18, f"model.weights={tmp_path / 'weights.pt'}")
     pretrained = load_weights(built)
     assert pretrained.classes == 10 and pretrained.preprocessing is None  # a bare state_dict says nothing of its inputs
     model = make_model(built, pretrained, data_classes=3)
@@ -52,7 +55,7 @@ def test_a_state_dict_file_starts_every_layer_and_the_head_gets_the_data_classes
 def test_weights_of_the_data_classes_keep_their_head_too(compose_tiny, tmp_path):
     state = random_state("resnet18", 3)
     torch.save(state, tmp_path / "weights.pt")
-    built = network(compose_tiny, f"model.weights={tmp_path / 'weights.pt'}")
+    built = network(compose_tiny, RESNET18, f"model.weights={tmp_path / 'weights.pt'}")
     model = make_model(built, load_weights(built), data_classes=3)
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in state.items())
 
@@ -62,7 +65,7 @@ def test_a_safetensors_file_starts_the_model_too(compose_tiny, tmp_path):
                                                                    "pip install -e '.[timm]'")
     state = random_state("resnet18", 3)
     safetensors.save_file(state, tmp_path / "weights.safetensors")
-    built = network(compose_tiny, f"model.weights={tmp_path / 'weights.safetensors'}")
+    built = network(compose_tiny, RESNET18, f"model.weights={tmp_path / 'weights.safetensors'}")
     model = make_model(built, load_weights(built), data_classes=3)
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in state.items())
 
@@ -163,7 +166,7 @@ def test_a_checkpoint_of_this_project_brings_its_preprocessing(compose_tiny, tmp
     inference = Inference(classes=["a", "b"], preprocessing=held, model={"name": "resnet18"})
     torch.save({"model": random_state("resnet18", 2), "inference": inference.state_dict(), "step": 5},
                tmp_path / "last.pt")
-    pretrained = load_weights(network(compose_tiny, f"model.weights={tmp_path / 'last.pt'}"))
+    pretrained = load_weights(network(compose_tiny, RESNET18, f"model.weights={tmp_path / 'last.pt'}"))
     assert pretrained.classes == 2 and pretrained.preprocessing == held
 
 
@@ -191,4 +194,4 @@ def test_a_weights_file_that_cannot_start_the_model_is_refused_in_one_line(name,
     write, says = WRONG_WEIGHTS[name]
     write(tmp_path / name)
     with pytest.raises(ConfigError, match=says):
-        load_weights(network(compose_tiny, f"model.weights={tmp_path / name}"))
+        load_weights(network(compose_tiny, RESNET18, f"model.weights={tmp_path / name}"))

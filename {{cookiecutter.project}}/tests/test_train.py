@@ -15,6 +15,7 @@ from conftest import (
     CPU_ONLY,
     CUDA,
     LONGER,
+    SMALL_MODEL,
     TWO_PROCESSES,
     finish,
     on_this_machine,
@@ -126,7 +127,7 @@ def test_bad_input_fails_with_one_clear_line(overrides, tmp_path, train_cli):
     assert written <= HYDRA_OWN
 
 
-STARVED_OR_NOT = ("precision=fp32", "data.crop_size=64", "data.val_resize=73", "data.train_per_class=64",
+STARVED_OR_NOT = ("model.name=resnet18", "precision=fp32", "data.crop_size=64", "data.val_resize=73", "data.train_per_class=64",
                   "train.batch_size=32", "train.epochs=4", "train.max_steps=24", "train.log_every=6",
                   "train.limit_val_batches=1")
 
@@ -236,7 +237,7 @@ def test_sigterm_mid_epoch_saves_the_position_and_resume_finishes_the_run(tmp_pa
     process = start_cli(run_dir, LONGER, cache_dir, tiny_root)
     log_file = run_dir / "train.log"
     wait_for(lambda: any((run_dir / "tb").glob("events.*")) and log_file.exists()
-             and "resnet18 on cpu" in log_file.read_text(), process)
+             and f"{SMALL_MODEL} on cpu" in log_file.read_text(), process)
     time.sleep(1.0)
     process.send_signal(signal.SIGTERM)
     stderr = finish(process, timeout=300)
