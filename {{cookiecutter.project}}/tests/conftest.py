@@ -261,7 +261,8 @@ def hydra_run(config: str, overrides: list[str], run_dir: Path, config_dir: Path
 
 @pytest.fixture
 def train_in_process(cache_dir, tiny_root, packs, tmp_path, monkeypatch):
-    """train_in_process(*overrides) -> summary, as `python -m ... train` would run them, in this process."""
+    """train_in_process(*overrides, run_dir=...) -> summary, as `python -m ... train` would run them, in this process;
+    its run folder `train_in_process.run_dir` unless given."""
     from {{ cookiecutter.package }}.core.distributed import setup
     from {{ cookiecutter.package }}.core.forensics import Forensics
     from {{ cookiecutter.package }}.train import train
@@ -270,7 +271,7 @@ def train_in_process(cache_dir, tiny_root, packs, tmp_path, monkeypatch):
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     run_dir = tmp_path / "run"
 
-    def run(*overrides: str) -> dict:
+    def run(*overrides: str, run_dir: Path = run_dir) -> Summary | None:
         with hydra_run("train", tiny(overrides, cache_dir, tiny_root), run_dir) as cfg:
             return train(cfg, run_dir, setup(1.0), Forensics(run_dir, cfg.distributed.stall_min,
                                                              cfg.distributed.stall_exit))
