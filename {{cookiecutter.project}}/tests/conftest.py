@@ -415,11 +415,12 @@ def wait_for(condition, *processes: subprocess.Popen, timeout: float = 300) -> N
 
 def logged_windows(run_dir: Path) -> list[dict]:
     """The logging windows logger=jsonl has written so far, each with every scalar logged at its step: the rank
-    spread is a line of its own after the window's (the first line, the setup time, is no window)."""
+    spread is a line of its own after the window's (the setup time is no window, nor the top-1 by wall time, whose
+    step is the run's second)."""
     path = run_dir / "scalars.jsonl"
     windows = {}
     for line in path.read_text().splitlines() if path.exists() else []:
-        if "time/setup_s" not in (scalars := json.loads(line)):
+        if not {"time/setup_s", "val/top1_by_second"} & (scalars := json.loads(line)).keys():
             windows.setdefault(scalars["step"], {}).update(scalars)
     return list(windows.values())
 
