@@ -1,5 +1,7 @@
 """Jobs as users run them: two nodes joined by a network (two network namespaces on this machine, each with a host
-name of its own), and eight processes on one node. The full tier only; the namespaces need root."""
+name of its own), and several processes on one node. The full tier runs two nodes of one process and four processes
+on a node, the same paths at a scale two cores carry; the slow tier (make test-slow) two nodes of two and eight
+processes, the scale itself. The namespaces need root."""
 import json
 import os
 import re
@@ -14,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import (CPU_ONLY, PACKAGE, PROJECT, finish, logged_windows, packed_tree, stop_one_rank, summary, tiny,
-                      wait_for)
+from conftest import (CPU_ONLY, PACKAGE, PROJECT, SMALL_MODEL, finish, logged_windows, packed_tree, stop_one_rank,
+                      summary, tiny, wait_for)
 
 pytestmark = pytest.mark.full
 
@@ -109,19 +111,31 @@ def blocks_pack(tmp_path_factory):
     return packed_tree(tmp_path_factory.mktemp("nodes"), num_classes=4, train_per_class=100)
 
 
-STEPS_PER_EPOCH, EPOCHS, LOG_EVERY = 25, 8, 5
+def measured_workers(cache: Path) -> int:
+    """The worker count loader.num_workers=auto measured and kept in a node's cache folder."""
+    (count,) = {count for path in cache.rglob("num_workers.json") for count in json.loads(path.read_text()).values()}
+    return count
 
 
-def test_two_nodes_train_in_blocks_and_a_node_that_dies_is_replaced_with_every_image_once(nodes, tmp_path,
-                                                                                          blocks_pack):
-    """The README's line on two nodes of two processes, gloo across the link, order=blocks with loader.num_workers=auto
-    measured by each node for itself. Mid-epoch node1 dies; its replacement, whose cache says 2 workers where node0's
-    says 1, joins, torchrun restarts the job, it resumes from node0's checkpoint of its last step, and every epoch's
-    coverage check holds, the resumed one against what was trained before the failure."""
+IMAGES, BATCH, LOG_EVERY = 400, 4, 5
+SLOW = pytest.mark.slow  # the scale itself: make test-slow
+
+
+@pytest.mark.parametrize(("per_node", "epochs"), [(1, 4), pytest.param(2, 8, marks=SLOW)],
+                         ids=["two nodes of one", "two nodes of two"])
+def test_two_nodes_train_in_blocks_and_a_node_that_dies_is_replaced_with_every_image_once(per_node, epochs, nodes,
+                                                                                          tmp_path, blocks_pack):
+    """The README's line on two nodes, gloo across the link, order=blocks with loader.num_workers=auto measured by
+    each node for itself. Mid-epoch node1 dies; its replacement, whose cache says one worker more than node1's did,
+    joins, torchrun restarts the job, it resumes from node0's checkpoint of its last step, and every epoch's coverage
+    check holds, the resumed one against what was trained before the failure."""
+    processes = 2 * per_node
+    steps_per_epoch = IMAGES // (BATCH * processes)
     pack, tree = blocks_pack
-    command = [*readme_line(nodes=2, processes=2), "debug=tiny", "data=folder", f"data.root={tree}", "format=hdf5",
+    command = [*readme_line(nodes=2, processes=per_node), "debug=tiny", f"model.name={SMALL_MODEL}", "data=folder",
+               f"data.root={tree}", "format=hdf5",
                f"format.path={pack}", "order=blocks", "order.block=8", "order.window=2", "loader.num_workers=auto",
-               f"train.epochs={EPOCHS}", f"train.log_every={LOG_EVERY}", "logger=jsonl"]
+               f"train.epochs={epochs}", f"train.log_every={LOG_EVERY}", "logger=jsonl"]
     caches = [tmp_path / f"cache-node{node}" for node in range(2)]
     environments = [{**os.environ, **CPU_ONLY, "XDG_CACHE_HOME": str(cache)} for cache in caches]
     logs = [tmp_path / f"node{node}.txt" for node in range(2)]
@@ -129,13 +143,15 @@ def test_two_nodes_train_in_blocks_and_a_node_that_dies_is_replaced_with_every_i
     run_dir = tmp_path / "outputs/torchrun-exp1"  # the README's --rdzv-id
 
     # Into the second epoch, right after a window: the failure lands mid-epoch, before the next window.
-    wait_for(lambda: any(window["step"] >= STEPS_PER_EPOCH + LOG_EVERY for window in logged_windows(run_dir)), *agents,
+    wait_for(lambda: any(window["step"] >= steps_per_epoch + LOG_EVERY for window in logged_windows(run_dir)), *agents,
              timeout=600)
-    assert ranks_on(agents[0]) == {"0", "1"}, "the rendezvous ranks node0 first: its name sorts first"
+    assert ranks_on(agents[0]) == {str(rank) for rank in range(per_node)}, "the rendezvous ranks node0 first"
     last_window = max(window["step"] for window in logged_windows(run_dir))
     kill_node(agents[1])
-    for cache in caches[1].rglob("num_workers.json"):  # the replacement measured 2 workers for itself
-        cache.write_text(json.dumps({key: 2 for key in json.loads(cache.read_text())}))
+    measured = [measured_workers(cache) for cache in caches]  # each node's own sweep, which noise may tell apart
+    replacement = measured[1] + 1  # the replacement measured another count for itself
+    for cache in caches[1].rglob("num_workers.json"):
+        cache.write_text(json.dumps({key: replacement for key in json.loads(cache.read_text())}))
     agents[1] = nodes.start(1, command, tmp_path, logs[1], environments[1])
 
     for agent, log in zip(agents, logs):
@@ -143,77 +159,86 @@ def test_two_nodes_train_in_blocks_and_a_node_that_dies_is_replaced_with_every_i
         assert agent.returncode == 0, log.read_text()[-4000:]
     resumed = re.search(r"resumed from .*last\.pt at epoch (\d+), step (\d+)", (run_dir / "train.log").read_text())
     assert resumed and int(resumed[2]) >= last_window, "lost more than one logging window"
-    assert int(resumed[1]) == 1 and int(resumed[2]) % STEPS_PER_EPOCH, "resumed mid-epoch"
+    assert int(resumed[1]) == 1 and int(resumed[2]) % steps_per_epoch, "resumed mid-epoch"
     result = summary(run_dir)
-    assert result.steps == STEPS_PER_EPOCH * EPOCHS and result.processes == 4
+    assert result.steps == steps_per_epoch * epochs and result.processes == processes
     assert {times["host"] for times in result.ranks} == {"node0", "node1"}
-    epochs = result.coverage
+    covered = result.coverage
     assert [(entry["epoch"], entry["checked"], entry["trained"] + entry["trained_before_resume"], entry["left_out"])
-            for entry in epochs] == [(epoch, True, 400, 0) for epoch in range(EPOCHS)]
-    assert epochs[1]["trained_before_resume"] == int(resumed[2]) % STEPS_PER_EPOCH * 16
-    assert epochs[0]["workers"] == [1, 1, 1, 1] and epochs[-1]["workers"] == [1, 1, 2, 2]
+            for entry in covered] == [(epoch, True, IMAGES, 0) for epoch in range(epochs)]
+    assert covered[1]["trained_before_resume"] == int(resumed[2]) % steps_per_epoch * BATCH * processes
+    assert covered[0]["workers"] == [measured[0]] * per_node + [measured[1]] * per_node
+    assert covered[-1]["workers"] == [measured[0]] * per_node + [replacement] * per_node
 
 
-EIGHT = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8")
+ON_A_NODE = [pytest.param(4, id="four processes"), pytest.param(8, id="eight processes", marks=SLOW)]
 
 
-def start_eight(run_dir: Path, cache_dir: Path, tiny_root: Path, *overrides: str) -> subprocess.Popen:
-    """Eight processes of debug=tiny on the synthetic set (3 classes), in the background."""
-    command = [*EIGHT, "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}",
-               *tiny(("logger=jsonl", *overrides), cache_dir, tiny_root)]
+def start_on_a_node(processes: int, run_dir: Path, cache_dir: Path, tiny_root: Path,
+                    *overrides: str) -> subprocess.Popen:
+    """`processes` processes of debug=tiny on the synthetic set (3 classes), on this machine, in the background."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
+               "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *tiny(("logger=jsonl", *overrides), cache_dir,
+                                                                             tiny_root)]
     return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **CPU_ONLY})
 
 
-def test_eight_processes_name_their_straggler_and_check_every_epoch(tmp_path, cache_dir, tiny_root):
-    """8 processes on this machine's cores, rank 5 reading 60 ms slower per image: its data share stands out in every
-    window and in the verdict, and both epochs train each of the 144 images once (18 per process)."""
-    run_dir = tmp_path / "run"
-    job = start_eight(run_dir, cache_dir, tiny_root, "data.train_per_class=48", "train.epochs=2", "faults.rank=5",
-                      "faults.read_delay_ms=60")
+@pytest.mark.parametrize("processes", ON_A_NODE)
+def test_processes_on_a_node_name_their_straggler_and_check_every_epoch(processes, tmp_path, cache_dir, tiny_root):
+    """The third rank from last reading 60 ms slower per image: its data share stands out in every window and in the
+    verdict, and both epochs train each of the 144 images once (a process's share in whole batches of 4)."""
+    run_dir, straggler = tmp_path / "run", processes - 3
+    job = start_on_a_node(processes, run_dir, cache_dir, tiny_root, "data.train_per_class=48", "train.epochs=2",
+                          f"faults.rank={straggler}", "faults.read_delay_ms=60")
     stderr = finish(job, timeout=900)
     assert job.returncode == 0, stderr[-4000:]
     result = summary(run_dir)
-    assert result.processes == 8 and [times["rank"] for times in result.ranks] == list(range(8))
-    assert result.verdict.startswith(f"Rank 5 on host {os.uname().nodename} holds the others back: it waited for "
-                                        "data"), result.verdict
+    assert result.processes == processes and [times["rank"] for times in result.ranks] == list(range(processes))
+    assert result.verdict.startswith(f"Rank {straggler} on host {os.uname().nodename} holds the others back: it "
+                                        "waited for data"), result.verdict
     spreads = [window for window in logged_windows(run_dir) if "ranks/slowest" in window]
-    assert spreads and all(window["ranks/slowest"] == 5.0 for window in spreads)
+    assert spreads and all(window["ranks/slowest"] == straggler for window in spreads)
+    trained = 144 // processes // BATCH * BATCH * processes  # 8 processes: 18 images each, 4 batches, 2 left out
     assert [(entry["checked"], entry["trained"], entry["left_out"], entry["processes"]) for entry in result.coverage
-            ] == [(True, 128, 16, 8)] * 2  # 18 images a process: 4 whole batches of 4, 2 left out
+            ] == [(True, trained, 144 - trained, processes)] * 2
 
 
-def test_eight_processes_stop_together_and_resume_on_four_with_every_image_once(tmp_path, cache_dir, tiny_root):
-    """SIGTERM to rank 3 alone: every process stops at that window's end, rank 0 saves the step. Resumed with four
-    processes, the rest of the epoch is spread over them and the epoch's check holds across the change. 480 images:
-    15 steps an epoch for each of eight processes, so that the stop lands part-way through the first."""
+@pytest.mark.parametrize("processes", ON_A_NODE)
+def test_processes_stop_together_and_resume_on_half_as_many_with_every_image_once(processes, tmp_path, cache_dir,
+                                                                                    tiny_root):
+    """SIGTERM to rank 3 alone: every process stops at that window's end, rank 0 saves the step. Resumed with half as
+    many processes, the rest of the epoch is spread over them and the epoch's check holds across the change. 480
+    images: 15 steps an epoch for each of eight processes, so that the stop lands part-way through the first."""
     run_dir, sizes = tmp_path / "run", ("data.train_per_class=160", "train.epochs=2")
-    stopped = stop_one_rank(start_eight(run_dir, cache_dir, tiny_root, *sizes), run_dir, "3")
-    resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-                              "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", "resume=auto",
+    stopped = stop_one_rank(start_on_a_node(processes, run_dir, cache_dir, tiny_root, *sizes), run_dir, "3")
+    resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              f"--nproc-per-node={processes // 2}", "-m", f"{PACKAGE}.train",
+                              f"hydra.run.dir={run_dir}", "resume=auto",
                               *tiny(("logger=jsonl", *sizes), cache_dir, tiny_root)],
                              cwd=PROJECT, capture_output=True, text=True, timeout=900, env={**os.environ, **CPU_ONLY})
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     epochs = summary(run_dir).coverage
-    assert epochs[0]["trained_before_resume"] == int(stopped[2]) and epochs[0]["processes"] == 4
+    assert epochs[0]["trained_before_resume"] == int(stopped[2]) and epochs[0]["processes"] == processes // 2
     assert all(entry["checked"] and entry["trained"] + entry["trained_before_resume"] + entry["left_out"] == 480
                for entry in epochs)
 
 
-def test_eight_processes_one_of_which_stops_answering_leave_their_stacks_and_end(tmp_path, cache_dir, tiny_root):
-    """Rank 6 suspended, alive but silent: the seven others find no step for 6 s, write where every thread stood,
-    and end in their collective's timeout with one line each."""
-    run_dir = tmp_path / "run"
-    job = start_eight(run_dir, cache_dir, tiny_root, "data.train_per_class=160", "train.epochs=2",
-                      "distributed.timeout_min=0.3", "distributed.stall_min=0.1")
+@pytest.mark.parametrize("processes", ON_A_NODE)
+def test_processes_one_of_which_stops_answering_leave_their_stacks_and_end(processes, tmp_path, cache_dir, tiny_root):
+    """The second rank from last suspended, alive but silent: the others find no step for 6 s, write where every
+    thread stood, and end in their collective's timeout with one line each."""
+    run_dir, silent = tmp_path / "run", processes - 2
+    job = start_on_a_node(processes, run_dir, cache_dir, tiny_root, "data.train_per_class=160", "train.epochs=2",
+                          "distributed.timeout_min=0.3", "distributed.stall_min=0.1")
     wait_for(lambda: (run_dir / "last.pt").exists(), job, timeout=600)
-    processes = {process.environ()["RANK"]: process for process in psutil.Process(job.pid).children()}
-    processes["6"].suspend()
+    ranks = {process.environ()["RANK"]: process for process in psutil.Process(job.pid).children()}
+    ranks[str(silent)].suspend()
     suspended = time.monotonic()
     stderr = finish(job, timeout=300)
     assert time.monotonic() - suspended < 18 + 30 + 60  # the collective's timeout, torchrun's grace, start-up slack
     assert job.returncode == 1
-    healthy = [rank for rank in range(8) if rank != 6]
+    healthy = [rank for rank in range(processes) if rank != silent]
     assert sorted(path.name for path in run_dir.glob("stacks-rank*.txt")) == sorted(
         f"stacks-rank{rank}.txt" for rank in healthy)
     for rank in healthy:
