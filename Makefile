@@ -28,7 +28,7 @@ WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?=
 WHEELHOUSE_SKIP ?=
 
-.PHONY: demo test test-full test-base gpu-check wheelhouse clean
+.PHONY: demo test test-full test-base test-slow gpu-check wheelhouse clean
 
 # --compile-bytecode writes each module's .pyc at install: where PYTHONDONTWRITEBYTECODE is set, every interpreter
 # would otherwise compile torch's sources again each time it starts.
@@ -51,24 +51,35 @@ demo: $(VENV)/installed
 		command="python -m fasttrain_project.train $(DEMO_START)"; fi; \
 		PATH=$(abspath $(VENV)/bin):$$PATH eval "$$command train.epochs=6 hydra.run.dir=$(DEMO_RUNS)/tuned"
 
-# The fast tier: bakes, the hooks, and the baked project's unit tests, one in-process run and two command lines.
+# The fast tier: bakes, the hooks, and the baked project's fast tests.
 test: $(VENV)/installed
 	$(PY) -m pytest -m "not full" tests
 
-# Everything: the fast tier, then the wheel, the wheelhouse, a real training run and the baked project's full tier;
-# then the baked project's fast tier on its base install.
+# Everything CI runs, tier by tier, stopping at the first that fails, each tier's minutes printed: the fast tier;
+# the rest of the template's tests and the baked project's full tier; make test-base; the slow tier, where due.
+TIMED := bash tools/timed.sh
 test-full: $(VENV)/installed
-	$(PY) -m pytest tests
-	$(MAKE) --no-print-directory test-base
+	@$(TIMED) fast $(MAKE) --no-print-directory test
+	@$(TIMED) full $(PY) -m pytest -x -m "full and not slow" tests
+	@$(TIMED) base $(MAKE) --no-print-directory test-base
+	@if $(PY) tools/slow_tier.py --due; then $(TIMED) slow $(MAKE) --no-print-directory test-slow; fi
 
-# The baked project's fast tier in a fresh virtual environment holding its base install and pytest, no extra: a
-# test that forgets to skip where an optional package is missing fails here, as it would for a user.
+# The baked project's fast tier in a fresh virtual environment holding its base install and the test runner (pytest,
+# pytest-xdist), no extra: a test that forgets to skip where an optional package is missing fails here, as it would
+# for a user.
 test-base: $(VENV)/installed
 	rm -rf $(BASE_DIR) $(BASE_VENV)
 	$(PY) -m cookiecutter --no-input . --output-dir $(BASE_DIR)
 	$(PYTHON) -m venv $(BASE_VENV)
-	$(UV) pip install --quiet --compile-bytecode --python $(BASE_VENV)/bin/python -e $(BASE_PROJECT) pytest
-	cd $(BASE_PROJECT) && $(abspath $(BASE_VENV))/bin/python -m pytest -m "not full and not gpu" -p no:cacheprovider tests
+	$(UV) pip install --quiet --compile-bytecode --python $(BASE_VENV)/bin/python -e $(BASE_PROJECT) pytest pytest-xdist
+	$(MAKE) --no-print-directory -C $(BASE_PROJECT) tier MARKS="not full and not gpu" \
+		PYTHON=$(abspath $(BASE_VENV))/bin/python ARGS="-q --durations=30"
+
+# Jobs whose subject is scale itself (eight processes, two nodes of two), which the full tier runs smaller; on
+# success, .ci/slow-tier records the code they covered, for CI to tell when they are due again.
+test-slow: $(VENV)/installed
+	$(PY) -m pytest -m slow tests
+	$(PY) tools/slow_tier.py --record
 
 gpu-check:
 	@WHEELHOUSE=$(WHEELHOUSE) bash tools/gpu_check.sh

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -120,15 +121,28 @@ def installed(template, tmp_path_factory):
     return project, python
 
 
-@pytest.mark.parametrize("tier", [pytest.param("not full", id="fast"), pytest.param("full", id="full",
-                                                                                    marks=pytest.mark.full)])
-def test_baked_project_passes_its_own_tests(installed, tier):
-    """The baked project's fast tier (make test) or the rest of its tests (make test-full): between them, all."""
+# The baked project's tiers, each a pytest -m expression for its Makefile's `tier`: between them, all its tests.
+TIERS = {"fast": "not full", "full": "full and not slow", "slow": "slow"}
+
+
+@pytest.mark.parametrize("tier", [pytest.param("fast"), pytest.param("full", marks=pytest.mark.full),
+                                  pytest.param("slow", marks=[pytest.mark.full, pytest.mark.slow])])
+def test_baked_project_passes_its_own_tests(installed, tier, capsys):
+    """The baked project's tier as its Makefile runs it, on every core; its slowest tests are printed on success too."""
     project, python = installed
-    result = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", tier], cwd=project,
-                            capture_output=True, text=True, timeout=3600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    result = subprocess.run(["make", "--no-print-directory", "tier", f"MARKS={TIERS[tier]}", f"PYTHON={python}",
+                             "ARGS=-q --durations=30"], cwd=project, capture_output=True, text=True, timeout=3600)
+    assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
+    with capsys.disabled():
+        print(f"\n---- the baked project's {tier} tier ----\n{where_the_time_went(result.stdout)}")
+
+
+def where_the_time_went(output: str) -> str:
+    """Each pytest run's slowest tests and its closing line, from a tier's output."""
+    durations = re.findall(r"^=+ slowest \d+ durations =+\n(?:[^=\n].*\n)*", output, re.M)
+    closing = re.findall(r"^=* ?\d+ (?:passed|failed|deselected|skipped).* in [\d.]+s.*$", output, re.M)
+    return "".join(durations) + "\n".join(closing)
 
 
 REQUIRED_TAGS = {"time/data_ms", "time/host_ms", "time/compute_ms", "time/data_frac", "time/host_frac",

@@ -59,3 +59,24 @@ def test_the_cuda_preflight_names_a_wheel_built_for_another_cuda_than_torch(temp
     assert cuda_preflight.mismatches(13, {codec: 13, dali: None}) == []  # DALI absent: its tests skip instead
     assert cuda_preflight.mismatches(None, {codec: 13, dali: 13}) == []  # a CPU torch: make gpu-check stops earlier
 
+
+
+def test_the_slow_tier_is_due_on_every_tenth_commit_and_when_the_code_it_covers_changed(template, monkeypatch,
+                                                                                         tmp_path):
+    monkeypatch.syspath_prepend(str(template / "tools"))
+    import slow_tier
+
+    record = tmp_path / "slow-tier"
+    monkeypatch.setattr(slow_tier, "RECORD", record)
+    monkeypatch.setattr(slow_tier, "commits", lambda: 41)
+    assert slow_tier.due() == (True, "runs: no green run is recorded (slow-tier is missing)")
+    record.write_text(f"{slow_tier.covered_hash()}  # ...\n")
+    assert slow_tier.due() == (False, "skipped: the code it covers is as at its last green run, and commit 41 is not "
+                                      "a multiple of 10")
+    monkeypatch.setattr(slow_tier, "commits", lambda: 50)
+    assert slow_tier.due() == (True, "runs: commit 50 is a multiple of 10, when it runs whatever changed")
+    monkeypatch.setattr(slow_tier, "commits", lambda: 51)
+    changed = tmp_path / "test_nodes.py"
+    changed.write_bytes(slow_tier.COVERED[-1].read_bytes() + b"# a change\n")
+    monkeypatch.setattr(slow_tier, "COVERED", [*slow_tier.COVERED[:-1], changed])
+    assert slow_tier.due() == (True, "runs: the code it covers changed since its last green run")
