@@ -54,3 +54,31 @@ def test_a_decay_of_one_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^train.ema_decay=1.0: .* must be below 1; try 0.9998"):
         WeightAverage(small_model(), 1.0)
 
+
+
+def test_an_update_moves_nothing_between_the_host_and_the_device(monkeypatch):
+    """Nothing is copied to or from a device at an update: on a GPU, that would be a sync per step."""
+    model = small_model()
+    average = WeightAverage(model, 0.9)
+    moved = []
+    to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: (moved.append(args or kwargs),
+                                                                           to(self, *args, **kwargs))[1])
+    for _ in range(3):
+        average.update(model)
+    assert moved == [] and average.updates == 3
+
+
+@pytest.mark.gpu
+def test_an_update_on_the_gpu_never_syncs():
+    model = small_model().cuda()
+    average = WeightAverage(model, 0.9)
+    average.update(model)  # the first: a copy
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            average.update(model)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert average.updates == 4

@@ -144,7 +144,7 @@ def test_train_ema_decay_validates_and_saves_the_average_that_evaluate_uses(trai
     evaluate = train_module.evaluate
 
     def recording(model, *args, **kwargs):
-        scored.append({name: tensor.clone() for name, tensor in model.module.state_dict().items()})
+        scored.append({name: tensor.clone() for name, tensor in model.state_dict().items()})
         return evaluate(model, *args, **kwargs)
 
     monkeypatch.setattr(train_module, "evaluate", recording)

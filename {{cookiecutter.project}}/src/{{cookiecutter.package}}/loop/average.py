@@ -4,10 +4,12 @@ evaluate, predict and export use; 0 turns it off, and validation scores the live
 After each optimizer step, average = decay * average + (1 - decay) * weights, BatchNorm's running statistics
 included (torchvision's reference recipe averages them too). The decay starts low, (1 + n) / (10 + n) after n
 updates, and grows to `decay`: so that the average of a short run is not mostly its random start (TensorFlow's
-ExponentialMovingAverage with num_updates, which timm's ModelEmaV2 warm-up follows in spirit).
+ExponentialMovingAverage with num_updates, which timm's ModelEmaV2 warm-up follows in spirit). An update costs no
+host-device sync: torch's AveragedModel would copy its CPU counter to the device at each one.
 """
+import copy
+
 import torch
-from torch.optim.swa_utils import AveragedModel
 
 from ..core import distributed
 from ..core.config import ConfigError
@@ -19,31 +21,31 @@ class WeightAverage:
             raise ConfigError(f"train.ema_decay={decay}: the average keeps this share of itself each step, so it "
                               "must be below 1; try 0.9998 (timm's default), or 0 to validate the live weights")
         self.decay = decay
-        self.average = AveragedModel(distributed.unwrap(model), multi_avg_fn=self.blend, use_buffers=True) \
-            if decay else None
+        self.average = copy.deepcopy(distributed.unwrap(model)).requires_grad_(False) if decay else None
+        self.updates = 0  # on the host: the decay it gives is a number, and reading it is no device sync
         # What validation scores: the average, or, without one, the model being trained.
         self.model = self.average if self.average is not None else model
 
-    @property
-    def updates(self) -> int:
-        """The updates averaged so far: AveragedModel's count, which it keeps on the CPU, so reading it is no sync."""
-        return int(self.average.n_averaged) if self.average is not None else 0
-
-    def blend(self, averaged: list[torch.Tensor], current: list[torch.Tensor], _) -> None:
-        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))  # before this update
-        if averaged[0].is_floating_point():
-            torch._foreach_lerp_(averaged, current, 1 - decay)
-        else:  # BatchNorm's batch counts: the live one
-            torch._foreach_copy_(averaged, current)
-
     def update(self, model: torch.nn.Module) -> None:
-        """After an optimizer step of `model`."""
-        if self.average is not None:
-            self.average.update_parameters(distributed.unwrap(model))
+        """After an optimizer step of `model`: one foreach lerp of its floating tensors, on their device, and a copy
+        of the rest (BatchNorm's batch counts). The first update copies all."""
+        if self.average is None:
+            return
+        live = distributed.unwrap(model)
+        pairs = list(zip([*self.average.parameters(), *self.average.buffers()], [*live.parameters(), *live.buffers()]))
+        blended = [pair for pair in pairs if pair[0].is_floating_point()]
+        copied = [pair for pair in pairs if not pair[0].is_floating_point()]
+        kept = min(self.decay, (1 + self.updates) / (10 + self.updates)) if self.updates else 0.0
+        with torch.no_grad():
+            if blended:
+                torch._foreach_lerp_([mine for mine, _ in blended], [theirs for _, theirs in blended], 1 - kept)
+            if copied:
+                torch._foreach_copy_([mine for mine, _ in copied], [theirs for _, theirs in copied])
+        self.updates += 1
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The averaged model's state dict, with the live model's keys; empty without an average."""
-        return self.average.module.state_dict() if self.average is not None else {}
+        return self.average.state_dict() if self.average is not None else {}
 
     def state_dict(self) -> dict:
         return {"weights": self.weights(), "updates": self.updates} if self.average is not None else {}
@@ -51,5 +53,5 @@ class WeightAverage:
     def load_state_dict(self, state: dict) -> None:
         """A checkpoint's average; one without (the run turned the average on at resume) starts it afresh."""
         if self.average is not None and state:
-            self.average.module.load_state_dict(state["weights"])
-            self.average.n_averaged.fill_(state["updates"])
+            self.average.load_state_dict(state["weights"])
+            self.updates = int(state["updates"])
