@@ -1,16 +1,22 @@
 """The optimizers: SGD with Nesterov momentum, the ImageNet standard, and AdamW, the usual one for vision
-transformers and for fine-tuning. Both decay conv and linear weights only."""
+transformers and for fine-tuning. Both decay conv and linear weights only, and none a model names in its own
+no_weight_decay()."""
 import torch
 
+from ..core import distributed
 from ..core.config import ConfigError
 
 
 def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on conv and linear weights only: decaying norm scales and biases hurts accuracy."""
+    """Weight decay on conv and linear weights only: decaying norm scales and biases hurts accuracy. A model that
+    names what it keeps from decay (timm's `no_weight_decay()`: a vision transformer's position embedding and class
+    token, whose ndim is 3) is asked too."""
+    own = distributed.unwrap(model)
+    spared = set(own.no_weight_decay()) if callable(getattr(own, "no_weight_decay", None)) else set()
     decay, no_decay = [], []
-    for param in model.parameters():
+    for name, param in own.named_parameters():
         if param.requires_grad:
-            (no_decay if param.ndim <= 1 else decay).append(param)
+            (no_decay if param.ndim <= 1 or name in spared else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
