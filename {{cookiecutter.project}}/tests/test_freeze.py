@@ -62,3 +62,19 @@ def test_a_fine_tune_run_trains_only_the_head_in_its_frozen_epoch(train_in_proce
     assert trained["fc.weight"].shape == (3, weights["fc.weight"].shape[1])
     assert [name for name in weights if not name.startswith("fc.") and not torch.equal(trained[name], weights[name])] \
         == []
+
+
+def test_the_frozen_layers_are_those_the_wrapped_model_runs(train_in_process, tmp_path, monkeypatch):
+    """distributed.sync_bn swaps every BatchNorm layer for a SyncBatchNorm as the model is wrapped: a freeze built on
+    the layers before the swap would leave the running ones training, their statistics overwritten. The swap is
+    done here in one process (a SyncBatchNorm outside a process group normalises as a BatchNorm does)."""
+    from {{ cookiecutter.package }}.core.distributed import World
+
+    monkeypatch.setattr(World, "wrap", lambda self, model, sync_bn, partly_frozen=False:
+                        torch.nn.SyncBatchNorm.convert_sync_batchnorm(model))
+    weights = torchvision.models.get_model(SMALL_MODEL, num_classes=10).state_dict()
+    torch.save(weights, tmp_path / "weights.pt")
+    train_in_process(f"model.weights={tmp_path / 'weights.pt'}", "train.freeze_epochs=1")
+    trained = torch.load(train_in_process.run_dir / "last.pt")["model"]
+    statistics = [name for name in weights if name.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+    assert statistics and [name for name in statistics if not torch.equal(trained[name], weights[name])] == []

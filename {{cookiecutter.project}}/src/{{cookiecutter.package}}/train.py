@@ -74,8 +74,10 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     precision = make_precision(cfg.precision, device, hardware)
     model = make_model(network, pretrained, len(loaders.classes)).to(device, memory_format=memory_format)
     outputs = network.num_classes or len(loaders.classes)
-    freeze = FrozenBackbone(model, cfg.train.freeze_epochs, outputs, network.name, pretrained is not None)
     model = world.wrap(model, cfg.distributed.sync_bn, partly_frozen=cfg.train.freeze_epochs > 0)
+    # After wrapping, whose sync_bn replaces every BatchNorm layer: the frozen ones must be the layers that run.
+    freeze = FrozenBackbone(distributed.unwrap(model), cfg.train.freeze_epochs, outputs, network.name,
+                            pretrained is not None)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
                      precision, memory_format)
     average = WeightAverage(model, cfg.train.ema_decay)  # before the injected host delay, which it would copy
