@@ -10,12 +10,13 @@ import time
 import zlib
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.utils import configure_log
 from omegaconf import open_dict
 
 from {{ cookiecutter.package }}.core.config import ConfigError, rank_suffix, run_name
-from {{ cookiecutter.package }}.core.distributed import restart_store
+from {{ cookiecutter.package }}.core.distributed import World, restart_store
 from {{ cookiecutter.package }}.core.failures import explain
 from {{ cookiecutter.package }}.core.forensics import Forensics
 
@@ -47,6 +48,12 @@ def test_every_rank_resolves_the_same_run_folder(monkeypatch):
     assert rank_suffix() == "-rank3"
     monkeypatch.setenv("RANK", "0")
     assert rank_suffix() == ""
+
+
+def test_sync_bn_on_cpu_processes_is_refused_before_the_model_is_wrapped():
+    """SyncBatchNorm gathers its statistics over NCCL: DDP on CPU processes refuses it with a traceback."""
+    with pytest.raises(ConfigError, match="distributed.sync_bn=true .* run on the cpu: pass distributed.sync_bn=false"):
+        World(0, 0, 2, torch.device("cpu")).wrap(torch.nn.BatchNorm2d(3), sync_bn=True)
 
 
 @pytest.mark.parametrize(("rank", "all_ranks", "console"), [

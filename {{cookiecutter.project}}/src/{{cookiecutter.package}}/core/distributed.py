@@ -66,6 +66,9 @@ class World:
         if self.size == 1:
             return model
         if sync_bn:
+            if self.device.type != "cuda":
+                raise ConfigError(f"distributed.sync_bn=true shares BatchNorm statistics over NCCL, and these "
+                                  f"processes run on the {self.device.type}: pass distributed.sync_bn=false")
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None,
                                        find_unused_parameters=partly_frozen)
