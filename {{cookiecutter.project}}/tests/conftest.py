@@ -371,11 +371,13 @@ BAD_INPUT = {
     "+data.root without data=folder": ["+data.root=/photos"],
     "train.batch_size above the training set": ["train.batch_size=64"],
     "optim.betas of one value": ["optim=adamw", "optim.betas=[0.9]"],
+    "optim.betas not a list": ["optim=adamw", "optim.betas=0.9"],
     "train.clip_grad_norm=-1": ["train.clip_grad_norm=-1"],
     "train.ema_decay=1": ["train.ema_decay=1"],
     "train.mixup_alpha=-0.2": ["train.mixup_alpha=-0.2"],
     "train.accumulate=0": ["train.accumulate=0"],
     "data.start_crop_size above data.crop_size": ["data.start_crop_size=64"],
+    "data.crop_ramp_epochs not a pair": ["data.start_crop_size=16", "data.crop_ramp_epochs=3"],
     "augment.magnitude beyond its bins": ["augment=rand_augment", "augment.magnitude=31"],
     "train.top1_levels above 100": ["train.top1_levels=[50,150]"],
 }

@@ -1,6 +1,7 @@
 """The crops cut from each image: a random-resized crop and flip for training, the centre for validation."""
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..contracts import Box, Crop
@@ -23,9 +24,13 @@ class CropSchedule:
         if self.start is not None and not 8 <= self.start <= self.final:
             raise ConfigError(f"data.start_crop_size={self.start} must be from 8 to data.crop_size={self.final}: "
                               "progressive resizing grows the crop to data.crop_size; null trains at it throughout")
-        if len(self.ramp) != 2 or not 0 <= self.ramp[0] <= self.ramp[1]:
-            raise ConfigError(f"data.crop_ramp_epochs={list(self.ramp)} is not [first, last] epochs (from 0, first <= "
-                              "last) over which the crop grows from data.start_crop_size to data.crop_size")
+        ramp = self.ramp
+        if not (isinstance(ramp, Sequence) and len(ramp) == 2 and all(isinstance(epoch, int) for epoch in ramp)
+                and 0 <= ramp[0] <= ramp[1]):
+            shown = list(ramp) if isinstance(ramp, Sequence) and not isinstance(ramp, str) else ramp
+            raise ConfigError(f"data.crop_ramp_epochs={shown} is not [first, last] epochs (from 0, first <= last) "
+                              "over which the crop grows from data.start_crop_size to data.crop_size, such as [0,6]")
+        object.__setattr__(self, "ramp", tuple(ramp))  # a command line's list, kept as the pair it is
 
     def size(self, epoch: int) -> int:
         if self.start is None or epoch >= self.ramp[1]:

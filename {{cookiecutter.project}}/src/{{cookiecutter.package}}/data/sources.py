@@ -53,7 +53,7 @@ def folder(root: str | None, crop_size: int, val_resize: int, on_error: str, max
     return Source(root=path, crop_size=crop_size, val_resize=val_resize, on_error=on_error,
                   max_bad_fraction=max_bad_fraction, mean=channels("data.mean", mean, IMAGENET_MEAN),
                   std=channels("data.std", std, IMAGENET_STD),
-                  crop_schedule=CropSchedule(crop_size, start_crop_size, tuple(crop_ramp_epochs)))
+                  crop_schedule=CropSchedule(crop_size, start_crop_size, crop_ramp_epochs))
 
 
 def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_dir: str,
@@ -67,7 +67,7 @@ def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_
     return Source(root=root, crop_size=crop_size, val_resize=val_resize, on_error=on_error,
                   max_bad_fraction=max_bad_fraction, mean=channels("data.mean", mean, IMAGENET_MEAN),
                   std=channels("data.std", std, IMAGENET_STD),
-                  crop_schedule=CropSchedule(crop_size, start_crop_size, tuple(crop_ramp_epochs)))
+                  crop_schedule=CropSchedule(crop_size, start_crop_size, crop_ramp_epochs))
 
 
 def fit_preprocessing(data: DictConfig, own: Preprocessing | None, chosen: set[str]) -> Preprocessing:

@@ -1,6 +1,8 @@
 """The optimizers: SGD with Nesterov momentum, the ImageNet standard, and AdamW, the usual one for vision
 transformers and for fine-tuning. Both decay conv and linear weights only, and none a model names in its own
 no_weight_decay()."""
+from collections.abc import Sequence
+
 import torch
 
 from ..core import distributed
@@ -26,7 +28,9 @@ def sgd(model: torch.nn.Module, lr: float, momentum: float, nesterov: bool, weig
 
 def adamw(model: torch.nn.Module, lr: float, betas: list[float], eps: float, weight_decay: float) -> torch.optim.AdamW:
     """torch's AdamW, its decay decoupled from the gradient as Loshchilov and Hutter define it."""
-    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
-        raise ConfigError(f"optim.betas={list(betas)} must be two numbers from 0 up to, not including, 1, such as "
+    if not (isinstance(betas, Sequence) and len(betas) == 2
+            and all(isinstance(beta, (int, float)) and 0 <= beta < 1 for beta in betas)):
+        shown = list(betas) if isinstance(betas, Sequence) and not isinstance(betas, str) else betas
+        raise ConfigError(f"optim.betas={shown} must be two numbers from 0 up to, not including, 1, such as "
                           "[0.9,0.999]")
     return torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
