@@ -106,13 +106,16 @@ def test_a_missing_file_or_an_existing_folder_is_refused_in_one_line(tmp_path):
 @pytest.mark.full
 @pytest.mark.skipif(not DEBIAN.is_dir(), reason=f"{DEBIAN} is missing: apt-get install dataset-fashion-mnist")
 def test_the_recipe_learns_the_real_data_set_above_chance(tmp_path):
-    """A slice of Debian's files, 100 training and 20 validation images a class, and two epochs of the recipe."""
+    """A slice of Debian's files, 100 training and 20 validation images a class, and two epochs of the recipe at a
+    batch of 32, its learning rate scaled to it by the linear rule (0.2 per 128). At the recipe's 0.2 the two epochs
+    ended anywhere from 15% to 54% as the seed and thread count changed; scaled, from 54% to 65% over 3 seeds on
+    one and two threads."""
     result = script(tmp_path / "tree", "--train-per-class", 100, "--val-per-class", 20)
     assert result.returncode == 0, result.stderr
     run = subprocess.run([sys.executable, "-m", f"{PACKAGE}.train", "experiment=fashion_mnist",
-                          f"data.root={tmp_path / 'tree'}", "train.epochs=2", "train.batch_size=32",
+                          f"data.root={tmp_path / 'tree'}", "train.epochs=2", "train.batch_size=32", "optim.lr=0.05",
                           "loader.num_workers=1", f"hydra.run.dir={tmp_path / 'run'}"],
                          cwd=PROJECT, capture_output=True, text=True, timeout=900, env={**os.environ, **CPU_ONLY, **QUIET})
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((tmp_path / "run/summary.json").read_text())
-    assert summary["choices"]["data"] == "folder" and summary["val_top1"] > 20, summary["val_top1"]  # chance: 10%
+    assert summary["choices"]["data"] == "folder" and summary["val_top1"] > 30, summary["val_top1"]  # chance: 10%
