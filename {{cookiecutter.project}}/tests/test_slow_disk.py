@@ -129,6 +129,7 @@ def one_compute_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.full  # it waits, by design, 250 ms on every file the slow disk opens
 def test_a_data_bound_run_on_the_slow_disk_gets_the_storage_verdict_and_local_decoding_the_decode_one(
         train_in_process, tiny_root, tmp_path, one_compute_thread):
     """The same tiny tree, once on the simulated disk with every read slow, once local with decoding in the
