@@ -609,7 +609,12 @@ def test_a_batch_decoders_worker_holds_a_descriptor_per_batch_not_per_image(name
     try:
         batches = iter(torch.utils.data.DataLoader(dataset, batch_size=32, num_workers=1, prefetch_factor=8,
                                                    collate_fn=decoder.collate, timeout=60))
-        time.sleep(3)  # the worker fills its eight batches and holds their descriptors until they are taken
+        # The worker fills its eight batches and holds their descriptors until they are taken: wait until they are
+        # all in the loader's queue of finished batches (a private attribute, only read).
+        deadline = time.monotonic() + 60
+        while batches._data_queue.qsize() < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert batches._data_queue.qsize() == 8
         received = list(decoder.uploads(batches, DEVICE, False))
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
