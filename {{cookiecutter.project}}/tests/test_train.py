@@ -107,12 +107,10 @@ def test_every_data_option_trains_with_a_loader_worker(group, option, train_in_p
     assert result.images_per_s > 0 and 0 <= result.val_top1 <= 100
 
 
-
-
 # Every bad input is refused in-process (test_train_in_process.py); through the command line, one of each way a
-# refusal reaches the user: a value and a path the checks refuse (the fast tier), a config Hydra cannot compose, and
-# a refusal once the data is built, in make_run.
-CLI_BAD_INPUT = {"optim.lr=abc": (), "absent data.root": (), "data=nosuch": (pytest.mark.full,),
+# refusal reaches the user: a value the checks refuse (the fast tier), a path they refuse, a config Hydra cannot
+# compose, and a refusal once the data is built, in make_run.
+CLI_BAD_INPUT = {"optim.lr=abc": (), "absent data.root": (pytest.mark.full,), "data=nosuch": (pytest.mark.full,),
                  "train.batch_size above the training set": (pytest.mark.full,)}
 
 
