@@ -25,6 +25,7 @@ from conftest import CUDA, hydra_run, on_this_machine, tiny
 EPOCH = 1  # not the first: an epoch's order depends on its number
 STOPPED_AFTER = 2  # batches, of the 6 of an epoch of the tiny set's 24 images in batches of 4
 DATA_PARTS = ("loader", "unreadable", "coverage", "progress")
+ONE_LOADER = ("format=folder", "order=random", "prefetcher=none", "loader.num_workers=0")  # crossed with each decoder
 
 
 def runnable(group: str, option: str) -> bool:
@@ -50,10 +51,9 @@ def loader_choices() -> list[tuple[str, ...]]:
                 if not options.facts("prefetcher", prefetcher).ceiling:
                     combinations += [(f"format={format}", f"decoder={decoder}", f"order={order}",
                                       f"prefetcher={prefetcher}", f"loader.num_workers={workers}") for workers in (0, 2)]
-    one_loader = ("format=folder", "order=random", "prefetcher=none", "loader.num_workers=0")
-    combinations += [(*one_loader, f"decoder={decoder}") for decoder in options.options("decoder")
+    combinations += [(*ONE_LOADER, f"decoder={decoder}") for decoder in options.options("decoder")
                      if decoder not in (fastest, pixels) and runnable("decoder", decoder)]
-    combinations += [(*one_loader, f"decoder={fastest}", f"augment={augment}") for augment in options.options("augment")
+    combinations += [(*ONE_LOADER, f"decoder={fastest}", f"augment={augment}") for augment in options.options("augment")
                      if augment != options.default("augment")]
     return combinations
 
@@ -91,10 +91,11 @@ def batches(run, skip_images: int = 0, stop_after: int | None = None) -> list[tu
 
 
 def tier(choices: tuple[str, ...]) -> list:
-    """The fast tier reads in the training process, without a prefetcher; loader workers and prefetchers, which read
-    ahead of the step, are the full tier's."""
-    fast = {"loader.num_workers=0", f"prefetcher={options.default('prefetcher')}"} <= set(choices)
-    return [] if fast else [pytest.mark.full]
+    """The fast tier reads every format in every order in the training process, without a prefetcher; loader workers
+    and prefetchers, which read ahead of the step, are the full tier's, and so are the decoders and policies crossed
+    with one loader, whose draws per image test_decoder.py and test_augment.py check in the fast tier."""
+    in_process = {"loader.num_workers=0", f"prefetcher={options.default('prefetcher')}"} <= set(choices)
+    return [] if in_process and choices[:len(ONE_LOADER)] != ONE_LOADER else [pytest.mark.full]
 
 
 @pytest.mark.parametrize("choices", [pytest.param(choices, id=" ".join(choices), marks=tier(choices))
