@@ -41,6 +41,7 @@ def slow_transform(transform_s: float):
     return transform
 
 
+@pytest.mark.serial  # it times sleeps of 2 ms, which a core shared with other tests overruns
 @pytest.mark.parametrize(("read_s", "transform_s"), [(0.02, 0.002), (0.002, 0.02)])
 def test_the_loader_times_tell_reading_from_decoding(read_s, transform_s):
     """Worker processes included: the figures are summed in shared memory."""
