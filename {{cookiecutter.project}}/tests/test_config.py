@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.contracts import Decoder, Layout, Network, Order, Store
@@ -304,29 +303,16 @@ def outside(value, spec: str):
     return int(wrong) if isinstance(value, int) else float(wrong)
 
 
-@pytest.fixture(scope="session")  # not torn down when a process runs another module's test between the two
-def every_option_composed(cache_dir, tiny_root) -> list[DictConfig]:
-    """The training config once per option of every group (the group's numbers are only there when picked), composed
-    once for the tests of its xdist_group: some 70 compositions, 6 s."""
+def test_every_number_of_every_option_has_a_range_beside_it_and_out_of_it_is_refused_in_one_line(compose_tiny):
+    """One test for both, since composing the config once per option of every group (a group's numbers are only
+    there when picked) takes some 70 Hydra compositions, 6 s."""
     # Recipes set keys the other options already have (and may pick another data set): their own test checks them.
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return [compose("train", tiny((f"{group}={option}",), cache_dir, tiny_root)) for group, option in OPTIONS
-                if group != "experiment"]
-
-
-@pytest.mark.xdist_group("every option composed")
-def test_every_number_of_every_option_has_a_range_beside_it(every_option_composed):
-    for cfg in every_option_composed:
+    tried = set()
+    for cfg in [compose_tiny(f"{group}={option}") for group, option in OPTIONS if group != "experiment"]:
         ranged = {key for key, _, _ in ranged_keys(cfg)}
         numbers = dict(numeric_leaves(OmegaConf.to_container(cfg, resolve=False)))  # not interpolations of them
         assert set(numbers) <= ranged, f"numbers with no _ranges_ entry: {sorted(set(numbers) - ranged)}"
         check_ranges(cfg)  # the values as composed are valid
-
-
-@pytest.mark.xdist_group("every option composed")
-def test_every_number_out_of_its_range_is_refused_in_one_line_naming_it(every_option_composed):
-    tried = set()
-    for cfg in every_option_composed:
         for key, value, spec in ranged_keys(cfg):
             if key in tried or value is None:
                 continue
