@@ -58,16 +58,13 @@ def check_optim(optimizer, cfg, tmp_path, option):
     assert all(p.ndim <= 1 for p in plain["params"]) and all(p.ndim > 1 for p in decayed["params"])
 
 
-def check_schedule(scheduler, cfg, tmp_path, option):
-    peak = cfg.optim.lr
-    lrs = []
-    for _ in range(20):
-        lrs.append(scheduler.get_last_lr()[0])
-        scheduler.optimizer.step()
-        scheduler.step()
-    assert lrs[0] == pytest.approx(peak * cfg.schedule.warmup_start)
-    assert max(lrs) == pytest.approx(peak, rel=0.05) and lrs.index(max(lrs)) <= 5
-    assert lrs[-1] < 0.05 * peak
+def check_schedule(schedule, cfg, tmp_path, option):
+    """Built for a run of 4 epochs: its factor at every twentieth of an epoch starts at the warm-up's start, peaks at
+    1 and falls below 0.05 by the run's end."""
+    factors = [schedule.factor(position / 20) for position in range(4 * 20 + 1)]
+    assert factors[0] == pytest.approx(cfg.schedule.warmup_start)
+    assert max(factors) == pytest.approx(1.0, rel=0.05) and factors.index(max(factors)) <= 20
+    assert factors[-2] < 0.05 and factors[-1] == pytest.approx(cfg.schedule.min_lr_ratio)
 
 
 def check_logger(logger, cfg, tmp_path, option):
@@ -86,11 +83,6 @@ def check_profiler(profiler, cfg, tmp_path, option):
     assert written == expected[option]
     if "profile/trace.json" in written:
         assert json.loads((tmp_path / "profile/trace.json").read_text())["traceEvents"]
-
-
-def schedule_args(tmp_path):
-    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.2)
-    return {"optimizer": optimizer, "total_steps": 20, "steps_per_epoch": 5}
 
 
 def check_format(stores, cfg, tmp_path, option):
@@ -184,7 +176,7 @@ RUNTIME = {
     "data": (lambda tmp_path: {}, check_data),
     "model": (lambda tmp_path: {}, check_model),
     "optim": (lambda tmp_path: {"model": tiny_model()}, check_optim),
-    "schedule": (schedule_args, check_schedule),
+    "schedule": (lambda tmp_path: {"epochs": 4}, check_schedule),
     "logger": (lambda tmp_path: {"run_dir": tmp_path}, check_logger),
     "profiler": (lambda tmp_path: {"run_dir": tmp_path}, check_profiler),
     "format": (lambda tmp_path: {}, check_format),
@@ -256,8 +248,6 @@ def test_option_composes_and_builds(group, option, compose_tiny, tmp_path, tiny_
         pytest.skip(f"{choice}: {facts.missing()}")
     cfg = compose_tiny(choice, *on_this_machine(choice))
     runtime, check = RUNTIME[group]
-    if group == "schedule":  # the schedule's peak is the optimizer's lr
-        cfg.optim.lr = 0.2
     built = build(cfg[group], **runtime(tmp_path))
     if group == "format":  # a Format opens both splits: of the tiny tree, or of the pack its path names
         built = built.stores(sources.folder(str(tiny_root), 32, 36, "skip"), no_staging)

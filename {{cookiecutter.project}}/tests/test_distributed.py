@@ -29,6 +29,7 @@ from conftest import (
     TWO_PROCESSES,
     cli_command,
     finish,
+    logged_windows,
     start_cli,
     summary,
     tiny,
@@ -179,6 +180,22 @@ def test_a_resume_with_another_number_of_processes_trains_each_image_left_once(f
     assert [len(part) for part in (*stopped, resumed)] == [6, 6, 12]
     every_image = sorted(zlib.crc32(path.read_bytes()) for path in (tiny_root / "train").rglob("*.JPEG"))
     assert sorted(stopped[0] + stopped[1] + resumed) == every_image
+
+
+@pytest.mark.full
+def test_a_resume_on_another_number_of_processes_goes_on_along_the_same_learning_rate_curve(tmp_path, train_cli):
+    """2 processes stop after 2 steps of 8 images (16 of the epoch's 24); one process trains the rest in steps of 4,
+    each at the learning rate the one-process run had at the same image of the run."""
+    plan = ("train.epochs=2", "logger=jsonl", "train.log_every=1")
+    train_cli(tmp_path / "whole", *plan)
+    whole = [window["train/lr"] for window in logged_windows(tmp_path / "whole")]  # a step at every 4th image
+    assert len(whole) == 12
+    train_cli(tmp_path / "cut", *plan, "train.max_steps=2",
+              launcher=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"),
+              env=TWO_PROCESSES)
+    train_cli(tmp_path / "cut", *plan, "resume=auto")
+    expected = [whole[images // 4] for images in (0, 8, 16, 20, 24, 28, 32, 36, 40, 44)]
+    assert [window["train/lr"] for window in logged_windows(tmp_path / "cut")] == pytest.approx(expected, abs=1e-9)
 
 
 STEPS_WITH_TWO_PROCESSES = 3 * 15  # LONGER: 120 images over 2 processes, batch 4, 3 epochs

@@ -17,7 +17,7 @@ from {{ cookiecutter.package }}.diagnosis.verdict import EPOCH_START_SHARE
 from {{ cookiecutter.package }}.loop.clock import Window
 from {{ cookiecutter.package }}.loop.precision import Precision
 
-from conftest import BAD_INPUT
+from conftest import BAD_INPUT, logged_windows
 
 
 def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_in_process):
@@ -173,6 +173,21 @@ def test_train_accumulate_steps_once_per_group_and_trains_every_image(train_in_p
     summary = train_in_process("train.accumulate=4", "train.epochs=2")
     assert summary.steps == 4  # 6 batches an epoch: a step of 4, then one of the last 2
     assert len(re.findall(r"epoch \d trained each of its 24 images once", caplog.text)) == 2, caplog.text
+
+
+def test_a_resume_with_another_accumulation_goes_on_along_the_same_learning_rate_curve(train_in_process, tmp_path):
+    """The schedule's place is the run's position in epochs, not its count of steps, which changes with the number
+    of processes as with train.accumulate. Cut after 3 steps of one batch (12 of the epoch's 24 images), the run
+    resumes in steps of two batches, and each trains at the rate the uninterrupted run had at the same image."""
+    plan = ("train.epochs=3", "logger=jsonl", "train.log_every=1")
+    train_in_process(*plan, run_dir=tmp_path / "whole")
+    whole = [window["train/lr"] for window in logged_windows(tmp_path / "whole")]  # a step at every 4th image
+    assert len(whole) == 18 and whole[0] < max(whole) and whole[-1] < 0.05 * max(whole)
+    train_in_process(*plan, "train.max_steps=3", run_dir=tmp_path / "cut")
+    train_in_process(*plan, "train.accumulate=2", "resume=auto", run_dir=tmp_path / "cut")
+    # Its steps start at the run's images 12 and 20 (the epoch's last batch alone), then every 8th image.
+    expected = [whole[images // 4] for images in (0, 4, 8, 12, 20, 24, 32, 40, 48, 56, 64)]
+    assert [window["train/lr"] for window in logged_windows(tmp_path / "cut")] == pytest.approx(expected, abs=1e-9)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -50,6 +50,7 @@ from .loop.precision import make_precision
 from .loop.preempt import Preempted, StopRequest
 from .loop.profiler import NoProfiler
 from .loop.run import Run, keep_progress
+from .loop.schedule import LearningRate
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +85,8 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     faults.slow_host(model, injected.host_delay_ms)
     optimizer = build(cfg.optim, model=model)
     steps_per_epoch = math.ceil(len(loaders.train) / cfg.train.accumulate)  # optimizer steps
-    total_steps = steps_per_epoch * cfg.train.epochs
-    if cfg.train.max_steps > 0:
-        total_steps = min(total_steps, cfg.train.max_steps)
-    scheduler = build(cfg.schedule, optimizer=optimizer, total_steps=total_steps, steps_per_epoch=steps_per_epoch)
+    # The run's length shapes the schedule; train.max_steps, where this command stops, does not.
+    learning_rate = LearningRate(optimizer, build(cfg.schedule, epochs=cfg.train.epochs), len(loaders.splits.train))
     resume_from, state = resume_state(cfg.resume, run_dir, world)
     identity = {"model": cfg.model.name, "classes": len(loaders.classes)}
     if state:
@@ -95,7 +94,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     writes = world.is_main  # the other ranks get objects that write nothing
     checkpoints = Checkpoints(run_dir, writes, identity, Inference(  # what using the model needs beside its weights
         classes=loaders.classes, preprocessing=preprocessing, model=OmegaConf.to_container(cfg.model, resolve=True)))
-    run = Run(model=model, optimizer=optimizer, scheduler=scheduler,
+    run = Run(model=model, optimizer=optimizer, learning_rate=learning_rate,
               criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing), precision=precision,
               mix=BatchMix(cfg.train.mixup_alpha, cfg.train.cutmix_alpha, outputs),
               accumulation=GradientAccumulation(cfg.train.accumulate),
@@ -142,11 +141,11 @@ def step(run: Run, loss: torch.Tensor) -> None:
     whose gradients a failure loses before their step are not counted trained, so a resumed run trains them again."""
     images = run.accumulation.finish(run.optimizer, run.world)  # a short last group: the mean of its batches
     run.precision.clip(run.optimizer, run.clip_grad_norm)  # on the real gradients: fp16's are unscaled first
+    run.learning_rate.set(run.progress.epoch, run.progress.images_in_epoch)  # where this step starts
     run.updating = True
     with run.precision.stepping(loss, run.optimizer, run.progress.step) as scaler:  # then the scale's update
         scaler.step(run.optimizer)  # under fp16, a step whose gradients overflowed is skipped
     run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()
     run.average.update(run.model)
     run.progress.step += 1
     run.progress.images_in_epoch += images * run.world.size

@@ -14,6 +14,7 @@ loader assembly, the loop, the report, the tools) sees only the contracts below,
 | `prefetcher` | `Prefetcher`                     | data/prefetcher.py                        |
 | `logger`     | `Logger`                         | loop/logger.py                            |
 | `profiler`   | `Profiler`                       | loop/profiler.py                          |
+| `schedule`   | `Schedule`                       | loop/schedule.py                          |
 | `model`      | `Network`                        | loop/model/<option>.py                    |
 
 Everything a checkpoint holds is `Stateful`: the run saves a dict of such parts (loop/run.py: `Run.parts`).
@@ -26,8 +27,8 @@ labels): workers produce uint8 HWC crops (or encoded bytes, for GPU decoders) an
 """
 from .data import (Augment, Batch, Box, Crop, Decoder, EpochOrder, Format, Layout, Order, Prefetcher, ResumableLoader,
                    Run, Staging, Store, Stores)
-from .loop import Exporter, Logger, Network, Preprocessing, Profiler, Stateful
+from .loop import Exporter, Logger, Network, Preprocessing, Profiler, Schedule, Stateful
 
 __all__ = ["Augment", "Batch", "Box", "Crop", "Decoder", "EpochOrder", "Exporter", "Format", "Layout", "Logger",
-           "Network", "Order", "Prefetcher", "Preprocessing", "Profiler", "ResumableLoader", "Run", "Staging",
-           "Stateful", "Store", "Stores"]
+           "Network", "Order", "Prefetcher", "Preprocessing", "Profiler", "ResumableLoader", "Run", "Schedule",
+           "Staging", "Stateful", "Store", "Stores"]

@@ -24,6 +24,7 @@ from .meter import TrainMeter
 from .mix import BatchMix
 from .precision import NonFiniteLoss, Precision
 from .preempt import StopRequest
+from .schedule import LearningRate
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Run:
     """Everything the loop touches, built once before it."""
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    learning_rate: LearningRate  # the schedule's, set before each optimizer step
     criterion: torch.nn.Module
     mix: BatchMix  # mixup and CutMix of each training batch, or nothing
     accumulation: GradientAccumulation  # how many batches' gradients make an optimizer step
@@ -142,8 +143,8 @@ class Run:
     def parts(self) -> dict[str, Stateful]:
         """What a checkpoint of the run holds, by key: each part saves and restores itself (loop/checkpoint.py)."""
         train, progress = self.loaders.train, self.progress
-        return {"model": distributed.unwrap(self.model), "optimizer": self.optimizer, "scheduler": self.scheduler,
-                "scaler": self.precision, "progress": progress,
+        return {"model": distributed.unwrap(self.model), "optimizer": self.optimizer, "scaler": self.precision,
+                "progress": progress,
                 "loader": AtProgress(lambda at: train.state(at.epoch, at.images_in_epoch), train.load_state, progress),
                 "unreadable": self.loaders.splits,
                 "coverage": AtProgress(lambda at: self.coverage.state_dict(at.images_in_epoch, train.coverage()),

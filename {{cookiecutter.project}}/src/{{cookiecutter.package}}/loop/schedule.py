@@ -1,19 +1,50 @@
-"""The learning-rate schedule, stepped once per batch."""
+"""The learning-rate schedule: a factor of the peak learning rate at each point of the run, set before every optimizer
+step. The point is the run's position in epochs (the epochs done, plus the share of this epoch's images that all
+processes together trained), not a count of steps: a run resumed on another number of processes, or with another
+train.accumulate, goes on along the same curve. A schedule option is built with the run's train.epochs and answers
+`factor(position)`."""
 import math
+from dataclasses import dataclass
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
+
+from ..contracts import Schedule
 
 
-def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, steps_per_epoch: int,
-                  warmup_epochs: float, warmup_start: float, min_lr_ratio: float) -> LambdaLR:
-    """Linear warm-up over warmup_epochs, then half a cosine down to min_lr_ratio at total_steps."""
-    warmup = min(int(warmup_epochs * steps_per_epoch), total_steps - 1)
+@dataclass(frozen=True)
+class WarmupCosine:
+    """Linear warm-up from warmup_start to 1 over warmup_epochs, then half a cosine down to min_lr_ratio at the
+    run's end, `epochs`."""
+    epochs: int
+    warmup_epochs: float
+    warmup_start: float
+    min_lr_ratio: float
 
-    def factor(step: int) -> float:
-        if step < warmup:
-            return warmup_start + (1 - warmup_start) * step / warmup
-        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    def factor(self, position: float) -> float:
+        warmup = min(self.warmup_epochs, self.epochs)
+        if position < warmup:
+            return self.warmup_start + (1 - self.warmup_start) * position / warmup
+        progress = min(1.0, (position - warmup) / max(self.epochs - warmup, 1e-9))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    return LambdaLR(optimizer, factor)
+
+def warmup_cosine(epochs: int, warmup_epochs: float, warmup_start: float, min_lr_ratio: float) -> WarmupCosine:
+    return WarmupCosine(epochs, warmup_epochs, warmup_start, min_lr_ratio)
+
+
+class LearningRate:
+    """Sets each parameter group's learning rate to its peak (the lr it was built with, which the optimizer's state
+    keeps as `initial_lr`) times the schedule's factor where the run stands."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule: Schedule, epoch_images: int):
+        self.optimizer, self.schedule, self.epoch_images = optimizer, schedule, epoch_images
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+
+    def position(self, epoch: int, images_in_epoch: int) -> float:
+        return epoch + images_in_epoch / self.epoch_images
+
+    def set(self, epoch: int, images_in_epoch: int) -> None:
+        factor = self.schedule.factor(self.position(epoch, images_in_epoch))
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * factor
