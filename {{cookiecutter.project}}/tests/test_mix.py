@@ -3,6 +3,7 @@ same proportions."""
 import pytest
 import torch
 
+from {{ cookiecutter.package }}.loop.draws import BatchSeeds
 from {{ cookiecutter.package }}.loop.mix import BatchMix
 
 
@@ -38,3 +39,18 @@ def test_a_model_with_more_outputs_than_classes_gets_targets_for_all_of_them():
     images, labels = batch(classes=3)
     _, targets = BatchMix(0.2, 0.0, classes=10)(images, labels)
     assert targets.shape == (8, 10) and not targets[:, 3:].any()
+
+
+def test_each_rank_draws_its_own_mix_and_the_same_batch_of_the_run_draws_the_same_again():
+    """Seeded per batch from (seed, rank, step, batch in the step): two ranks mix the same step differently, and a
+    resumed run, seeding the same step again, mixes as the uninterrupted run did."""
+    images, labels = batch()
+    mix = BatchMix(0.2, 1.0, classes=5)
+
+    def mixed(rank: int, step: int, batch_in_step: int = 0) -> torch.Tensor:
+        BatchSeeds(seed=0, rank=rank).before(step, batch_in_step)
+        return mix(images, labels)[1]
+
+    assert not torch.equal(mixed(0, 5), mixed(1, 5))
+    assert not torch.equal(mixed(0, 5), mixed(0, 6)) and not torch.equal(mixed(0, 5), mixed(0, 5, 1))
+    assert torch.equal(mixed(0, 5), mixed(0, 5)) and torch.equal(mixed(1, 7), mixed(1, 7))

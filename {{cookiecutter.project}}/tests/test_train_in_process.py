@@ -190,6 +190,18 @@ def test_a_resume_with_another_accumulation_goes_on_along_the_same_learning_rate
     assert [window["train/lr"] for window in logged_windows(tmp_path / "cut")] == pytest.approx(expected, abs=1e-9)
 
 
+def test_a_run_cut_and_resumed_with_mixup_cutmix_and_dropout_ends_with_the_uninterrupted_runs_weights(
+        train_in_process, tmp_path):
+    """The step's draws are seeded per batch, not once per start: a resume draws the mixes and dropout masks the
+    uninterrupted run drew (mobilenet_v3_small drops 20% of its classifier's inputs), to the bit."""
+    plan = ("model.name=mobilenet_v3_small", "train.epochs=2", "train.mixup_alpha=0.2", "train.cutmix_alpha=1.0")
+    train_in_process(*plan, run_dir=tmp_path / "whole")
+    train_in_process(*plan, "train.max_steps=4", run_dir=tmp_path / "cut")
+    train_in_process(*plan, "resume=auto", run_dir=tmp_path / "cut")
+    whole, resumed = (torch.load(tmp_path / name / "last.pt")["model"] for name in ("whole", "cut"))
+    assert [name for name in whole if not torch.equal(whole[name], resumed[name])] == []
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_progressive_sizes_reach_the_workers_each_epoch_and_validation_keeps_the_crop_size(train_in_process,
                                                                                            monkeypatch, workers):

@@ -39,6 +39,7 @@ from .loop.accumulate import GradientAccumulation
 from .loop.accuracy import time_to_accuracy
 from .loop.average import WeightAverage
 from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
+from .loop.draws import BatchSeeds
 from .loop.clock import make_clock
 from .loop.evaluate import evaluate, shows_top5
 from .loop.logger import NullLogger
@@ -94,7 +95,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     writes = world.is_main  # the other ranks get objects that write nothing
     checkpoints = Checkpoints(run_dir, writes, identity, Inference(  # what using the model needs beside its weights
         classes=loaders.classes, preprocessing=preprocessing, model=OmegaConf.to_container(cfg.model, resolve=True)))
-    run = Run(model=model, optimizer=optimizer, learning_rate=learning_rate,
+    run = Run(model=model, optimizer=optimizer, learning_rate=learning_rate, seeds=BatchSeeds(cfg.seed, world.rank),
               criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing), precision=precision,
               mix=BatchMix(cfg.train.mixup_alpha, cfg.train.cutmix_alpha, outputs),
               accumulation=GradientAccumulation(cfg.train.accumulate),
@@ -163,6 +164,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     bar = tqdm(run.forensics.watch(run.clock.timed(run.loaders.train)), total=batches_left, desc=f"epoch {epoch}",
                mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
     for images, labels in bar:
+        run.seeds.before(run.progress.step, run.accumulation.pending)
         inputs, targets = run.mix(images, labels)
         with run.accumulation.syncing(run.model):  # DDP all-reduces on the last batch of a step only
             with run.precision.autocast():

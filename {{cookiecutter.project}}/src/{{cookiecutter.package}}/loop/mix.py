@@ -4,8 +4,9 @@ itself rolled by one image, its labels blended in the same proportions, as torch
 
 Mixup blends whole images with a weight drawn from Beta(alpha, alpha); CutMix pastes a box of the other image, its
 area drawn the same way. With both on, each batch gets one of the two, at even odds. With both 0 the batch and its
-integer labels pass unchanged. The draws come from torch's generator, which the run's seed sets. The training
-top-1 in the logs still counts each image's own label, which a mixed image only partly shows.
+integer labels pass unchanged. The draws come from torch's generator, seeded before each batch (loop/draws.py):
+each process draws its own, and a resumed run the uninterrupted one's. The training top-1 in the logs still counts
+each image's own label, which a mixed image only partly shows.
 """
 import torch
 

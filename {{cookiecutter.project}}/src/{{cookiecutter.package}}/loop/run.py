@@ -19,6 +19,7 @@ from .accuracy import TimeToAccuracy
 from .average import WeightAverage
 from .checkpoint import Checkpoints
 from .clock import Clock, Window
+from .draws import BatchSeeds
 from .freeze import FrozenBackbone
 from .meter import TrainMeter
 from .mix import BatchMix
@@ -80,6 +81,7 @@ class Run:
     learning_rate: LearningRate  # the schedule's, set before each optimizer step
     criterion: torch.nn.Module
     mix: BatchMix  # mixup and CutMix of each training batch, or nothing
+    seeds: BatchSeeds  # seeds the step's draws before each batch
     accumulation: GradientAccumulation  # how many batches' gradients make an optimizer step
     precision: Precision
     loaders: Loaders
