@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from {{ cookiecutter.package }}.core import record
+from {{ cookiecutter.package }}.core.config import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -65,3 +66,16 @@ def test_what_one_command_does_is_not_restored(tmp_path):
                     "hydra.output_subdir=null"]
     again, _ = record.restored(["train.py", "resume=auto", f"hydra.run.dir={run}"])
     assert again == ["train.py", "train.epochs=2", "resume=auto", f"hydra.run.dir={run}", "hydra.output_subdir=null"]
+
+
+def test_a_resume_refused_as_the_run_is_built_is_left_out_of_the_record(train_in_process, tmp_path, monkeypatch):
+    """train.ema_decay=1 passes the config's checks and is refused as the run is built: it must not come back at the
+    next resume, which would then be refused for a key the user no longer typed."""
+    resumes = tmp_path / "resumes.yaml"
+    monkeypatch.setattr(record, "pending_resume", (resumes, [["train.ema_decay=1"]]))
+    with pytest.raises(ConfigError, match="train.ema_decay=1"):
+        train_in_process("train.ema_decay=1")
+    assert not resumes.exists()
+    monkeypatch.setattr(record, "pending_resume", (resumes, [["train.epochs=2"]]))
+    train_in_process("train.epochs=2", "train.max_steps=1")
+    assert yaml.safe_load(resumes.read_text()) == [["train.epochs=2"]]

@@ -227,7 +227,6 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
     if run_record.restored_note:
         log.info(run_record.restored_note)
     check(cfg)
-    run_record.keep_resume()
     cudnn.configure(cfg.cudnn)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -235,6 +234,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
     failures.worker_deaths_surface_in_next()
     began = time.perf_counter()
     run = make_run(cfg, run_dir, world, forensics, began)
+    run_record.keep_resume()  # once the run is built: a value refused while building it must not come back
     run.setup = {"total_s": time.perf_counter() - began, **run.loaders.setup}  # data, workers=auto, model, compile
     run.logger.scalars({"time/setup_s": run.setup["total_s"]}, run.progress.step)
     try:
