@@ -24,6 +24,7 @@ from conftest import (
     CONF,
     CPU_ONLY,
     LONGER,
+    PACKAGE,
     PROJECT,
     QUIET,
     TWO_PROCESSES,
@@ -124,6 +125,17 @@ def launch_env(devices: dict[str, str], **settings: str) -> dict[str, str]:
             "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])}
 
 
+def test_launch_script_on_several_nodes_asks_for_the_runs_own_id(tmp_path):
+    """An id by default would name the same folder for every run, and the next job would take up the last one's."""
+    env = {key: value for key, value in launch_env(CPU_ONLY, NNODES="2", MASTER="127.0.0.1:29500").items()
+           if key != "RDZV_ID"}
+    result = subprocess.run(["bash", str(PROJECT / "scripts/launch.sh")], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr.strip() == (
+        "launch.sh: NNODES=2 needs RDZV_ID, the same on every node and one per run (it names "
+        "outputs/torchrun-<RDZV_ID>)")
+
+
 @pytest.mark.full
 def test_launch_script_runs_torchrun_into_one_folder(tmp_path, cache_dir, tiny_root, packs):
     result = subprocess.run(["bash", str(PROJECT / "scripts/launch.sh"), *tiny(("train.epochs=1",), cache_dir,
@@ -196,6 +208,28 @@ def test_a_resume_on_another_number_of_processes_goes_on_along_the_same_learning
     train_cli(tmp_path / "cut", *plan, "resume=auto")
     expected = [whole[images // 4] for images in (0, 8, 16, 20, 24, 28, 32, 36, 40, 44)]
     assert [window["train/lr"] for window in logged_windows(tmp_path / "cut")] == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.full
+def test_a_second_torchrun_job_with_the_same_id_and_other_overrides_is_refused_and_the_first_run_kept(
+        tmp_path, cache_dir, tiny_root):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=1",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=exp1",
+                "-m", f"{PACKAGE}.train", *tiny(("train.epochs=1",), cache_dir, tiny_root)]
+    env = {**os.environ, **QUIET, **CPU_ONLY}
+    first = subprocess.run(torchrun, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = tmp_path / "outputs/torchrun-exp1"
+    kept = {path: path.read_bytes() for path in (folder / ".hydra/overrides.yaml", folder / "summary.json")}
+    second = subprocess.run([*torchrun, "optim.lr=0.01"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env=env)
+    assert second.returncode != 0  # the worker's one line, then torchrun's own report of a failed worker
+    assert any(line.startswith("error: outputs/torchrun-exp1 holds another run of rendezvous id exp1, started with ")
+               for line in second.stderr.splitlines()), second.stderr[-3000:]
+    assert {path: path.read_bytes() for path in kept} == kept
 
 
 STEPS_WITH_TWO_PROCESSES = 3 * 15  # LONGER: 120 images over 2 processes, batch 4, 3 epochs

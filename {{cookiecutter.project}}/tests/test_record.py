@@ -79,3 +79,26 @@ def test_a_resume_refused_as_the_run_is_built_is_left_out_of_the_record(train_in
     monkeypatch.setattr(record, "pending_resume", (resumes, [["train.epochs=2"]]))
     train_in_process("train.epochs=2", "train.max_steps=1")
     assert yaml.safe_load(resumes.read_text()) == [["train.epochs=2"]]
+
+
+def test_a_torchrun_job_whose_folder_holds_another_run_is_refused_and_the_same_job_goes_on(tmp_path, monkeypatch):
+    """outputs/torchrun-<id> is resumed by the job that restarts in it; a job given that id with other overrides is
+    refused before Hydra writes over the run's record."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "outputs/torchrun-exp1"
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra/overrides.yaml").write_text(yaml.safe_dump(["data=folder", "train.epochs=3"]))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "exp1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert record.another_run(["train.py", "data=folder", "train.epochs=5"]) == (
+        "outputs/torchrun-exp1 holds another run of rendezvous id exp1, started with data=folder train.epochs=3: give "
+        "this job an id of its own (--rdzv-id, or RDZV_ID of scripts/launch.sh), or carry that run on with "
+        "resume=auto hydra.run.dir=outputs/torchrun-exp1")
+    same_job = ["train.py", "data=folder", "train.epochs=3", "train.max_steps=9"]  # a node joining its job again
+    assert record.another_run(same_job) is None
+    assert record.another_run(["train.py", "train.epochs=5", "resume=auto"]) is None  # asked to carry it on
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarting its own workers
+    assert record.another_run(["train.py", "train.epochs=5"]) is None
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "exp2")  # a folder of its own
+    assert record.another_run(["train.py", "train.epochs=5"]) is None

@@ -274,5 +274,7 @@ if __name__ == "__main__":
     from {{ cookiecutter.package }}.core import record as run_record
     from {{ cookiecutter.package }}.train import main as importable_main
 
+    if refused := run_record.another_run(sys.argv):  # before Hydra writes over that run's record
+        sys.exit(f"error: {refused}")
     sys.argv, run_record.restored_note = run_record.restored(sys.argv)  # resume=auto: the run's own overrides first
     importable_main()

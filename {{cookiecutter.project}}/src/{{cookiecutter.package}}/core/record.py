@@ -67,6 +67,29 @@ def restored(argv: list[str]) -> tuple[list[str], str | None]:
     return [argv[0], *flags, *kept, *given, "hydra.output_subdir=null"], note
 
 
+def another_run(argv: list[str]) -> str | None:
+    """Why this torchrun job must not start, or None. Its folder, outputs/torchrun-<rendezvous id>, is resumed by the
+    job that restarts there: by torchrun's restarts, and by a node that joins the job again (whose restart count
+    starts at 0), with the job's own command line. Another job given the same id with other overrides would go on
+    from the first run's weights under its own settings, and write over its record."""
+    _, given = split(argv)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if (run_id == "none" or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
+            or value_of(given, "resume") is not None or value_of(given, "hydra.run.dir") is not None):
+        return None
+    folder = Path("outputs") / f"torchrun-{run_id}"
+    if not (folder / RECORD).is_file():
+        return None
+    recorded = [override for override in yaml.safe_load((folder / RECORD).read_text())
+                if not key_of(override).startswith(THIS_COMMAND)]
+    if recorded == [override for override in given if not key_of(override).startswith(THIS_COMMAND)]:
+        return None
+    started = " ".join(recorded) or "no overrides"
+    return (f"{folder} holds another run of rendezvous id {run_id}, started with {started}: give this job an id of "
+            f"its own (--rdzv-id, or RDZV_ID of scripts/launch.sh), or carry that run on with resume=auto "
+            f"hydra.run.dir={folder}")
+
+
 def keep_resume() -> None:
     """Add the overrides given to this resume to the folder's list (rank 0 alone), for the next resume to restore."""
     if pending_resume is not None and int(os.environ.get("RANK", 0)) == 0:
