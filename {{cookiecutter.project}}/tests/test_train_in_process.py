@@ -179,14 +179,14 @@ def test_a_resume_with_another_accumulation_goes_on_along_the_same_learning_rate
     """The schedule's place is the run's position in epochs, not its count of steps, which changes with the number
     of processes as with train.accumulate. Cut after 3 steps of one batch (12 of the epoch's 24 images), the run
     resumes in steps of two batches, and each trains at the rate the uninterrupted run had at the same image."""
-    plan = ("train.epochs=3", "logger=jsonl", "train.log_every=1")
+    plan = ("train.epochs=2", "logger=jsonl", "train.log_every=1")
     train_in_process(*plan, run_dir=tmp_path / "whole")
     whole = [window["train/lr"] for window in logged_windows(tmp_path / "whole")]  # a step at every 4th image
-    assert len(whole) == 18 and whole[0] < max(whole) and whole[-1] < 0.05 * max(whole)
+    assert len(whole) == 12 and whole[0] < max(whole) and whole[-1] < 0.1 * max(whole)
     train_in_process(*plan, "train.max_steps=3", run_dir=tmp_path / "cut")
     train_in_process(*plan, "train.accumulate=2", "resume=auto", run_dir=tmp_path / "cut")
     # Its steps start at the run's images 12 and 20 (the epoch's last batch alone), then every 8th image.
-    expected = [whole[images // 4] for images in (0, 4, 8, 12, 20, 24, 32, 40, 48, 56, 64)]
+    expected = [whole[images // 4] for images in (0, 4, 8, 12, 20, 24, 32, 40)]
     assert [window["train/lr"] for window in logged_windows(tmp_path / "cut")] == pytest.approx(expected, abs=1e-9)
 
 
@@ -194,9 +194,9 @@ def test_a_run_cut_and_resumed_with_mixup_cutmix_and_dropout_ends_with_the_unint
         train_in_process, tmp_path):
     """The step's draws are seeded per batch, not once per start: a resume draws the mixes and dropout masks the
     uninterrupted run drew (mobilenet_v3_small drops 20% of its classifier's inputs), to the bit."""
-    plan = ("model.name=mobilenet_v3_small", "train.epochs=2", "train.mixup_alpha=0.2", "train.cutmix_alpha=1.0")
+    plan = ("model.name=mobilenet_v3_small", "train.mixup_alpha=0.2", "train.cutmix_alpha=1.0")  # 6 steps
     train_in_process(*plan, run_dir=tmp_path / "whole")
-    train_in_process(*plan, "train.max_steps=4", run_dir=tmp_path / "cut")
+    train_in_process(*plan, "train.max_steps=3", run_dir=tmp_path / "cut")
     train_in_process(*plan, "resume=auto", run_dir=tmp_path / "cut")
     whole, resumed = (torch.load(tmp_path / name / "last.pt")["model"] for name in ("whole", "cut"))
     assert [name for name in whole if not torch.equal(whole[name], resumed[name])] == []
