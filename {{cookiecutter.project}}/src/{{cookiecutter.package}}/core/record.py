@@ -14,6 +14,7 @@ import psutil
 import yaml
 from hydra._internal.utils import get_args_parser
 
+from .config import NO_RENDEZVOUS_ID
 from .files import write_atomic
 
 PACKAGE = "{{ cookiecutter.package }}"
@@ -73,8 +74,8 @@ def another_run(argv: list[str]) -> str | None:
     starts at 0), with the job's own command line. Another job given the same id with other overrides would go on
     from the first run's weights under its own settings, and write over its record."""
     _, given = split(argv)
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    if (run_id == "none" or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", NO_RENDEZVOUS_ID)
+    if (run_id == NO_RENDEZVOUS_ID or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
             or value_of(given, "resume") is not None or value_of(given, "hydra.run.dir") is not None):
         return None
     folder = Path("outputs") / f"torchrun-{run_id}"
