@@ -76,6 +76,40 @@ def test_the_index_is_kept_and_listed_again_only_where_a_folder_changed(tmp_path
     assert len(listings) == 5
 
 
+def test_a_tree_extracted_again_with_its_folder_times_set_back_is_listed_again(tmp_path, monkeypatch):
+    """As a reproducible tar does: other files, every folder's modification time as it was. Its change time and inode
+    are new, which no tool sets back."""
+    split = tree(tmp_path / "train", classes=2, per_class=3)
+    times = {path: os.stat(path).st_mtime_ns for path in (split, *split.iterdir())}
+    first, _ = list_split(split)
+    (split / "n00000001" / "n00000001_0.JPEG").unlink()
+    (split / "n00000001" / "extracted.JPEG").touch()
+    for path, modified in times.items():
+        os.utime(path, ns=(modified, modified))
+    assert {path: os.stat(path).st_mtime_ns for path in times} == times
+    again, _ = list_split(split)
+    assert split / "n00000001" / "extracted.JPEG" in list(again)
+    assert split / "n00000001" / "n00000001_0.JPEG" not in list(again)
+
+
+@pytest.mark.parametrize("why", ["format.reindex=true", "a FUSE mount"])
+def test_a_tree_whose_stamps_cannot_be_trusted_is_listed_afresh_and_the_log_says_why(why, tmp_path, monkeypatch,
+                                                                                      caplog):
+    split = tree(tmp_path / "train", classes=2, per_class=3)
+    list_split(split)
+    listings = []
+    listed = folder.listed
+    monkeypatch.setattr(folder, "listed", lambda *args: listings.append(args[0]) or listed(*args))
+    if why == "a FUSE mount":
+        monkeypatch.setattr(folder, "file_systems", lambda paths: {"fuse.s3fs"})
+    with caplog.at_level("INFO"):
+        list_split(split, reindex=why == "format.reindex=true")
+    reason = ("format.reindex=true" if why == "format.reindex=true" else
+              "it is on a FUSE mount (fuse.s3fs), whose folder times need not change with its files")
+    assert listings == [split] and any(record.getMessage().startswith(f"{split}: listed afresh, not from the index")
+                                       and record.getMessage().endswith(reason) for record in caplog.records)
+
+
 def test_an_index_that_cannot_be_kept_costs_the_next_run_a_listing_not_this_one(tmp_path, monkeypatch, caplog):
     split = tree(tmp_path / "train", classes=2, per_class=3)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))

@@ -34,6 +34,27 @@ WRITE_FAILED = re.compile(r"inline_container|PytorchStreamWriter|file write fail
 STORAGE_FAILED = frozenset({errno.EIO, errno.ENOTCONN, errno.ECONNABORTED, errno.ESTALE, errno.ETIMEDOUT})
 
 
+def file_systems(files: list[Path]) -> set[str]:
+    """The types of the file systems that hold `files`, by the longest mount point above each in /proc/mounts (the
+    last mounted where two share one); empty where the OS has no /proc/mounts."""
+    try:
+        table = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return set()
+    mounts = {}
+    for fields in (line.split() for line in table):
+        if len(fields) >= 3:  # device, mount point, type, options...
+            # /proc/mounts writes a space in a mount point as \040 (a tab as \011, and so on).
+            mounts[re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), fields[1])] = fields[2]
+    found = set()
+    for real in {os.path.realpath(file) for file in files}:
+        point = max((point for point in mounts if real == point or real.startswith(point.rstrip("/") + "/")),
+                    key=len, default=None)
+        if point is not None:
+            found.add(mounts[point])
+    return found
+
+
 def errno_name(err: OSError) -> str:
     """ENOSPC, EIO, ...: the errno's name, which a search for the failure finds."""
     return errno.errorcode.get(err.errno, str(err.errno))

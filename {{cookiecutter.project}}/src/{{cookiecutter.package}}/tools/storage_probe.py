@@ -11,7 +11,6 @@ decodes only the crop's region, the full-decode one otherwise.
 import logging
 import os
 import random
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from .. import options
 from ..contracts import Store
 from ..core import failures
 from ..core.config import ClearError
+from ..core.files import file_systems
 from .bench_csv import BenchCsv
 from .ceilings import Ceiling, Ceilings, cores_for
 
@@ -48,27 +48,6 @@ class Payloads(Dataset):
 
 
 RAM_FILE_SYSTEMS = {"tmpfs", "ramfs"}  # their files are their pages: nothing to drop, no read from a disk
-
-
-def file_systems(files: list[Path]) -> set[str]:
-    """The types of the file systems that hold `files`, by the longest mount point above each in /proc/mounts (the
-    last mounted where two share one); empty where the OS has no /proc/mounts."""
-    try:
-        table = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return set()
-    mounts = {}
-    for fields in (line.split() for line in table):
-        if len(fields) >= 3:  # device, mount point, type, options...
-            # /proc/mounts writes a space in a mount point as \040 (a tab as \011, and so on).
-            mounts[re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), fields[1])] = fields[2]
-    found = set()
-    for real in {os.path.realpath(file) for file in files}:
-        point = max((point for point in mounts if real == point or real.startswith(point.rstrip("/") + "/")),
-                    key=len, default=None)
-        if point is not None:
-            found.add(mounts[point])
-    return found
 
 
 def drop_cached(files: list[Path]) -> str:

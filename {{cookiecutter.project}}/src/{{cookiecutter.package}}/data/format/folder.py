@@ -5,8 +5,11 @@ string; where each ends; its label), not a Python object per file. A loader work
 touches no object's reference count, so its memory does not grow toward a copy of the index as it reads: the
 DataLoader copy-on-write problem (pytorch/pytorch#13246), which a list of 1.28M paths costs each worker hundreds of
 MB of. Listing reads each class folder once with os.scandir; the index is kept in the user's cache and used again,
-by the next run, while the split folder and every class folder keep their modification times (a file added, removed
-or renamed changes its folder's).
+by the next run, while the split folder and every class folder keep their stamps: modification time (a file added,
+removed or renamed changes its folder's), change time and inode, which a tree extracted again gets new even where
+the tool sets the modification times back (a reproducible tar, a rebuilt container layer). A tree on a FUSE mount,
+whose folder times need not follow its files (object stores), is listed afresh every run, as is any with
+format.reindex=true.
 """
 import hashlib
 import logging
@@ -18,12 +21,12 @@ import numpy as np
 
 from ...contracts import Format, Store, Stores
 from ...core.config import ConfigError
-from ...core.files import WriteError, user_cache, write_atomic
+from ...core.files import WriteError, file_systems, user_cache, write_atomic
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
-INDEX_VERSION = 1  # of the cached index's layout: another version is listed again
+INDEX_VERSION = 2  # of the cached index's layout: another version is listed again
 
 
 class FileIndex:
@@ -82,15 +85,31 @@ def class_folders(split_dir: Path) -> list[str]:
     return found
 
 
-def modified(split_dir: Path, classes: list[str], present: set[str]) -> np.ndarray:
-    """The modification times (ns) of the split folder and of each class folder, -1 for a class it lacks."""
-    classes_modified = (os.stat(split_dir / name).st_mtime_ns if name in present else -1 for name in classes)
-    return np.array([os.stat(split_dir).st_mtime_ns, *classes_modified], dtype=np.int64)
+def stamp(folder: Path) -> tuple[int, int, int]:
+    """A folder's modification time, change time (ns) and inode (as an int64)."""
+    status = os.stat(folder)
+    return status.st_mtime_ns, status.st_ctime_ns, status.st_ino & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def list_split(split_dir: Path, classes: list[str] | None = None) -> tuple[FileIndex, list[str]]:
+def stamps(split_dir: Path, classes: list[str], present: set[str]) -> np.ndarray:
+    """The stamps of the split folder and of each class folder, -1s for a class it lacks."""
+    return np.array([stamp(split_dir), *(stamp(split_dir / name) if name in present else (-1, -1, -1)
+                                        for name in classes)], dtype=np.int64)
+
+
+def untrusted(split_dir: Path, reindex: bool) -> str | None:
+    """Why the kept index of `split_dir` must not be used this run, or None."""
+    if reindex:
+        return "format.reindex=true"
+    if fuse := sorted(kind for kind in file_systems([split_dir]) if kind.startswith("fuse")):
+        return f"it is on a FUSE mount ({fuse[0]}), whose folder times need not change with its files"
+    return None
+
+
+def list_split(split_dir: Path, classes: list[str] | None = None, reindex: bool = False) -> tuple[FileIndex, list[str]]:
     """Every image under split_dir/<class>/ with its label (classes in sorted order, or `classes`' order), read from
-    the cached index where no folder changed since it was listed, else listed and cached."""
+    the cached index where no folder changed since it was listed, else listed and cached; listed afresh where the
+    index cannot be trusted (`reindex`, a FUSE mount)."""
     found = class_folders(split_dir)
     classes = classes or found
     if set(found) - set(classes):
@@ -100,12 +119,16 @@ def list_split(split_dir: Path, classes: list[str] | None = None) -> tuple[FileI
     if absent:
         log.warning("%s lacks %d of the %d classes of train/ (such as %s): the validation scores leave them out",
                     split_dir, len(absent), len(classes), absent[0])
-    stamps = modified(split_dir, classes, present)
+    now = stamps(split_dir, classes, present)
     cache = index_cache(split_dir, classes)
-    index = cached(cache, split_dir, stamps)
+    if why := untrusted(split_dir, reindex):
+        log.info("%s: listed afresh, not from the index kept in %s: %s", split_dir, cache, why)
+        index = None
+    else:
+        index = cached(cache, split_dir, now)
     if index is None:
         index = listed(split_dir, classes, present)
-        keep(cache, index, stamps)
+        keep(cache, index, now)
     if not len(index):
         raise ConfigError(f"{split_dir} holds no .JPEG, .jpg or .png files; put each class's images in "
                           f"{split_dir}/<class>/")
@@ -133,7 +156,7 @@ def index_cache(split_dir: Path, classes: list[str]) -> Path:
 
 
 def cached(cache: Path, split_dir: Path, stamps: np.ndarray) -> FileIndex | None:
-    """The index kept at `cache`, if its folders' modification times are still `stamps`."""
+    """The index kept at `cache`, if its folders' stamps are still `stamps`."""
     try:
         with np.load(cache, allow_pickle=False) as kept:
             if int(kept["version"]) != INDEX_VERSION or not np.array_equal(kept["stamps"], stamps):
@@ -162,18 +185,22 @@ def keep(cache: Path, index: FileIndex, stamps: np.ndarray) -> None:
         log.warning("could not keep the index of %s in %s (%s); the next run lists it again", index.root, cache, err)
 
 
-def open_tree(root: Path) -> tuple[ImageFiles, ImageFiles, list[str]]:
-    train, classes = list_split(root / "train")
-    val, _ = list_split(root / "val", classes)
+def open_tree(root: Path, reindex: bool = False) -> tuple[ImageFiles, ImageFiles, list[str]]:
+    train, classes = list_split(root / "train", reindex=reindex)
+    val, _ = list_split(root / "val", classes, reindex=reindex)
     return ImageFiles(train), ImageFiles(val), classes
 
 
 class Folder(Format):
-    """The tree at data.root as it is; pack reads it, and never writes one."""
+    """The tree at data.root as it is; pack reads it, and never writes one. `reindex`: list it afresh, not from the
+    index kept in the cache."""
+
+    def __init__(self, reindex: bool = False):
+        self.reindex = reindex
 
     def stores(self, source, stage) -> Stores:
         """The tree at data.root, staged first if staging= asks."""
         if source.root is None:
             raise ConfigError("format=folder reads data.root: pass data.root=/path/to/imagenet")
-        train, val, classes = open_tree(stage(Path(source.root)))
+        train, val, classes = open_tree(stage(Path(source.root)), self.reindex)
         return Stores(train, val, classes)
