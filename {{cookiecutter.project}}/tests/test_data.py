@@ -19,8 +19,9 @@ from {{ cookiecutter.package }}.data.decoder import decoding
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.device import MEAN, STD, ToDevice
 from {{ cookiecutter.package }}.data.format import folder
-from {{ cookiecutter.package }}.data.format.folder import FileIndex, ImageFiles
-from {{ cookiecutter.package }}.data.images import Images, StorageFailed, UnreadableImage, WrongDataSet, make_splits
+from {{ cookiecutter.package }}.data.format.folder import FileIndex, ImageFiles, list_split
+from {{ cookiecutter.package }}.data.images import (FileChanged, Images, StorageFailed, UnreadableImage, WrongDataSet,
+                                                  make_splits)
 from {{ cookiecutter.package }}.data.loaders import make_loader
 from {{ cookiecutter.package }}.data.prefetcher import NoPrefetcher
 from {{ cookiecutter.package }}.data import sources
@@ -302,6 +303,40 @@ def test_a_storage_failure_in_a_loader_worker_is_one_line_naming_the_image_and_t
     line = explain(raised.value)
     assert re.fullmatch(r"could not read image \d+: Input/output error \(EIO\): the storage failed, not the image: "
                         r"check the disk or the mount it is on \(in loader worker [01]\)", line), line
+
+
+CHANGED = {errno.ENOENT: "the data set changed since it was listed (a kept index may be stale): put the file back, "
+                         "or list the tree again with format.reindex=true",
+           errno.ENOTDIR: "the data set changed since it was listed",
+           errno.EISDIR: "the data set changed since it was listed",
+           errno.EACCES: "this user may not read it: give it read permission (chmod a+r), or run as a user who may",
+           errno.EPERM: "this user may not read it"}
+
+
+@pytest.mark.parametrize("code", sorted(CHANGED), ids=errno.errorcode.get)
+def test_a_file_gone_turned_folder_or_forbidden_since_the_listing_stops_the_run_in_one_line_naming_it(code):
+    store = FailedStorage(code)
+    images = Images(store, decode, "skip")
+    with pytest.raises(FileChanged) as raised:
+        images[3]
+    assert str(raised.value).startswith(f"could not read image 3: {os.strerror(code)} ({errno.errorcode[code]}): "
+                                        f"{CHANGED[code]}")
+    assert store.reads == 1 and images.bad_flags().sum() == 0
+
+
+def test_a_file_removed_while_workers_read_the_tree_is_one_line_naming_it(tmp_path):
+    split = tmp_path / "train"
+    for index in range(4):
+        (split / "cat").mkdir(parents=True, exist_ok=True)
+        (split / "cat" / f"{index}.JPEG").write_bytes(b"\xff\xd8")
+    files = ImageFiles(list_split(split)[0])
+    (split / "cat" / "2.JPEG").unlink()
+    with pytest.raises(FileChanged) as raised:
+        list(loader(Images(files, lambda data: torch.zeros(1), "skip"), 4, False, num_workers=1))
+    end_workers()
+    line = explain(raised.value)
+    assert line.startswith(f"could not read {split / 'cat' / '2.JPEG'}: No such file or directory (ENOENT): the data "
+                           "set changed since it was listed") and line.endswith("(in loader worker 0)"), line
 
 
 def test_the_same_few_bad_images_read_again_and_again_are_judged_once():

@@ -2,6 +2,7 @@
 cut from them, and the skip policy for unreadable files. loaders.py puts them together with the other data
 options.
 """
+import errno
 import logging
 import multiprocessing
 import random
@@ -34,6 +35,29 @@ class WrongDataSet(ClearError):
 class StorageFailed(ClearError):
     """A read that the disk or the mount failed (core.files.STORAGE_FAILED), not the image: never skipped or counted as
     unreadable, since every image behind it would fail the same way; the run stops."""
+
+
+class FileChanged(ClearError):
+    """A file the listing had that is gone, is a folder now, or may not be read: the tree changed under the run."""
+
+
+GONE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR})
+FORBIDDEN = frozenset({errno.EACCES, errno.EPERM})
+
+
+def unread(name: str, err: OSError) -> ClearError | None:
+    """The line a failed read of the data set's file `name` ends the run with, naming the file and what to do, where
+    the storage failed or the file changed; None for another error, which keeps its traceback."""
+    why = f"could not read {name}: {err.strerror} ({errno_name(err)})"
+    if err.errno in STORAGE_FAILED:
+        return StorageFailed(f"{why}: the storage failed, not the image: check the disk or the mount it is on")
+    if err.errno in GONE:
+        return FileChanged(f"{why}: the data set changed since it was listed (a kept index may be stale): put the "
+                           "file back, or list the tree again with format.reindex=true")
+    if err.errno in FORBIDDEN:
+        return FileChanged(f"{why}: this user may not read it: give it read permission (chmod a+r), or run as a user "
+                           "who may")
+    return None
 
 
 BAD_ALLOWED = 10  # unreadable images always skipped, however small the data set: data.max_bad_fraction judges beyond
@@ -146,10 +170,9 @@ class Images(Dataset):
             except Unreadable as err:
                 self._skip(position, err)
             except OSError as err:
-                if err.errno not in STORAGE_FAILED:
+                if (failure := unread(self.store.name(position), err)) is None:
                     raise
-                raise StorageFailed(f"could not read {self.store.name(position)}: {err.strerror} ({errno_name(err)}): "
-                                    "the storage failed, not the image: check the disk or the mount it is on") from err
+                raise failure from err
         raise WrongDataSet(f"{REPLACEMENTS} images in a row from {self.store.name(index)} on are unreadable: is "
                            "this the data set you meant?")
 
