@@ -270,6 +270,7 @@ def test_every_cpu_decoder_declares_its_measured_cost_and_the_fastest_installed_
     assert options.fastest_cpu_decoder() == min(installed, key=lambda name: options.facts("decoder", name).decode_us)
 
 
+@pytest.mark.full  # a script through its command line, 3 s
 def test_the_cost_script_measures_every_installed_cpu_decoder_on_a_tree_of_lower_case_jpg_files(tiny_root, tmp_path):
     tree = tmp_path / "photos"  # as many trees name their files: .jpg, where the synthetic set writes .JPEG
     for path in tiny_root.rglob("*.JPEG"):

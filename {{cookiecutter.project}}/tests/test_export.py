@@ -78,6 +78,7 @@ def test_a_file_that_computes_something_else_is_deleted_and_refused(checkpoint, 
     assert list((tmp_path / "run").iterdir()) == []  # neither the file nor its model.json is left to be served
 
 
+@pytest.mark.full  # a second ONNX export, 4-5 s; the fast tier exports and checks one
 def test_an_onnx_file_stands_unchecked_where_onnxruntime_is_missing(checkpoint, tmp_path, monkeypatch, caplog):
     if facts("onnx").missing():
         pytest.skip(f"format=onnx: {facts('onnx').missing()}")

@@ -69,6 +69,7 @@ def test_the_tree_holds_each_image_under_its_label_with_its_pixels(tmp_path):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["idx", "tree"], "no partial folder is left"
 
 
+@pytest.mark.full  # the script imports torchvision for it, 5 s; the fast tier runs the script on IDX files
 def test_torchvision_download_path_reads_a_filled_cache_without_the_network(tmp_path):
     write_idx(tmp_path / "cache/FashionMNIST/raw", {"train": 1, "val": 1}, gzipped=False)
     result = script(tmp_path / "tree", "--download", tmp_path / "cache")

@@ -161,6 +161,7 @@ def test_compile_is_done_before_training_and_leaves_no_trace(caplog):
     assert compiled(model, False, images.shape, Precision("fp32", CPU)) is model
 
 
+@pytest.mark.full  # torch.compile builds its kernels, 4 s
 def test_compile_warm_up_covers_the_first_step_and_validation_in_channels_last():
     """Compiled for other strides or with gradients only, the first step or validation would compile again."""
     from torch._dynamo.utils import counters
