@@ -91,11 +91,12 @@ def batches(run, skip_images: int = 0, stop_after: int | None = None) -> list[tu
 
 
 def tier(choices: tuple[str, ...]) -> list:
-    """The fast tier reads every format in every order in the training process, without a prefetcher; loader workers
-    and prefetchers, which read ahead of the step, are the full tier's, and so are the decoders and policies crossed
-    with one loader, whose draws per image test_decoder.py and test_augment.py check in the fast tier."""
-    in_process = {"loader.num_workers=0", f"prefetcher={options.default('prefetcher')}"} <= set(choices)
-    return [] if in_process and choices[:len(ONE_LOADER)] != ONE_LOADER else [pytest.mark.full]
+    """The fast tier reads every format in the default order, in the training process, without a prefetcher; the
+    other orders, loader workers and prefetchers, which read ahead of the step, are the full tier's, and so are the
+    decoders and policies crossed with one loader, whose draws per image test_decoder.py and test_augment.py check
+    in the fast tier."""
+    fast = {"loader.num_workers=0", f"prefetcher={options.default('prefetcher')}", f"order={options.default('order')}"}
+    return [] if fast <= set(choices) and choices[:len(ONE_LOADER)] != ONE_LOADER else [pytest.mark.full]
 
 
 @pytest.mark.parametrize("choices", [pytest.param(choices, id=" ".join(choices), marks=tier(choices))
