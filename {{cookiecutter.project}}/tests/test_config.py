@@ -293,6 +293,7 @@ def outside(value, spec: str):
     return int(wrong) if isinstance(value, int) else float(wrong)
 
 
+@pytest.mark.full  # some 70 Hydra compositions, 8-10 s; each option's own composes in the fast tier
 def test_every_number_of_every_option_has_a_range_beside_it_and_out_of_it_is_refused_in_one_line(compose_tiny):
     """One test for both, since composing the config once per option of every group (a group's numbers are only
     there when picked) takes some 70 Hydra compositions, 6 s."""

@@ -64,6 +64,7 @@ def test_a_run_in_blocks_trains_every_step_and_keeps_the_layout_its_epoch_was_dr
     assert [(entry["trained"], entry["left_out"]) for entry in summary.coverage] == [(24, 0)]
 
 
+@pytest.mark.full  # starts loader workers six times over two runs, 4-6 s
 def test_workers_started_again_at_every_epoch_show_in_its_start_and_get_named(train_in_process):
     """3 epochs of one step with 2 workers: without persistent workers each epoch starts them again, a good share of
     so short an epoch."""
