@@ -21,7 +21,7 @@ def test_the_average_follows_the_formula_with_its_warm_up_and_keeps_batch_counts
             for parameter in model.parameters():
                 parameter.add_(torch.randn_like(parameter))
         model(torch.randn(8, 3))  # training mode: BatchNorm's running statistics and batch count move too
-        average.update(model)
+        average.update()
         kept = 0.0 if update == 0 else min(decay, (1 + update) / (10 + update))  # the first update copies
         for name, tensor in model.state_dict().items():
             expected[name] = tensor.clone() if not tensor.is_floating_point() else \
@@ -41,19 +41,18 @@ def test_the_average_resumes_where_it_was_and_zero_turns_it_off():
     for _ in range(3):
         with torch.no_grad():
             model[0].weight.add_(1.0)
-        average.update(model)
+        average.update()
     resumed = WeightAverage(small_model(), 0.9)
     resumed.load_state_dict(average.state_dict())
     assert resumed.updates == 3 and torch.equal(resumed.weights()["0.weight"], average.weights()["0.weight"])
     off = WeightAverage(model, 0.0)
-    off.update(model)
+    off.update()
     assert off.model is model and off.state_dict() == {} and off.weights() == {}
 
 
 def test_a_decay_of_one_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^train.ema_decay=1.0: .* must be below 1; try 0.9998"):
         WeightAverage(small_model(), 1.0)
-
 
 
 def test_an_update_moves_nothing_between_the_host_and_the_device(monkeypatch):
@@ -65,7 +64,7 @@ def test_an_update_moves_nothing_between_the_host_and_the_device(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "to", lambda self, *args, **kwargs: (moved.append(args or kwargs),
                                                                            to(self, *args, **kwargs))[1])
     for _ in range(3):
-        average.update(model)
+        average.update()
     assert moved == [] and average.updates == 3
 
 
@@ -73,12 +72,12 @@ def test_an_update_moves_nothing_between_the_host_and_the_device(monkeypatch):
 def test_an_update_on_the_gpu_never_syncs():
     model = small_model().cuda()
     average = WeightAverage(model, 0.9)
-    average.update(model)  # the first: a copy
+    average.update()  # the first: a copy
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(3):
-            average.update(model)
+            average.update()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert average.updates == 4

@@ -147,7 +147,7 @@ def step(run: Run, loss: torch.Tensor) -> None:
     with run.precision.stepping(loss, run.optimizer, run.progress.step) as scaler:  # then the scale's update
         scaler.step(run.optimizer)  # under fp16, a step whose gradients overflowed is skipped
     run.optimizer.zero_grad(set_to_none=True)
-    run.average.update(run.model)
+    run.average.update()
     run.progress.step += 1
     run.progress.images_in_epoch += images * run.world.size
     run.updating = False

@@ -21,26 +21,29 @@ class WeightAverage:
             raise ConfigError(f"train.ema_decay={decay}: the average keeps this share of itself each step, so it "
                               "must be below 1; try 0.9998 (timm's default), or 0 to validate the live weights")
         self.decay = decay
-        self.average = copy.deepcopy(distributed.unwrap(model)).requires_grad_(False) if decay else None
+        live = distributed.unwrap(model)
+        self.average = copy.deepcopy(live).requires_grad_(False) if decay else None
         self.updates = 0  # on the host: the decay it gives is a number, and reading it is no device sync
         # What validation scores: the average, or, without one, the model being trained.
         self.model = self.average if self.average is not None else model
+        # The tensors each update blends (floating) or copies (BatchNorm's batch counts), paired once, here.
+        pairs = list(zip([*self.average.parameters(), *self.average.buffers()],
+                         [*live.parameters(), *live.buffers()])) if decay else []
+        floating = [pair[0].is_floating_point() for pair in pairs]
+        self.blended = [[pair[side] for pair, blend in zip(pairs, floating) if blend] for side in (0, 1)]
+        self.copied = [[pair[side] for pair, blend in zip(pairs, floating) if not blend] for side in (0, 1)]
 
-    def update(self, model: torch.nn.Module) -> None:
-        """After an optimizer step of `model`: one foreach lerp of its floating tensors, on their device, and a copy
-        of the rest (BatchNorm's batch counts). The first update copies all."""
+    def update(self) -> None:
+        """After an optimizer step of the model it averages: one foreach lerp of its floating tensors, on their device,
+        and a copy of the rest (BatchNorm's batch counts). The first update copies all."""
         if self.average is None:
             return
-        live = distributed.unwrap(model)
-        pairs = list(zip([*self.average.parameters(), *self.average.buffers()], [*live.parameters(), *live.buffers()]))
-        blended = [pair for pair in pairs if pair[0].is_floating_point()]
-        copied = [pair for pair in pairs if not pair[0].is_floating_point()]
         kept = min(self.decay, (1 + self.updates) / (10 + self.updates)) if self.updates else 0.0
         with torch.no_grad():
-            if blended:
-                torch._foreach_lerp_([mine for mine, _ in blended], [theirs for _, theirs in blended], 1 - kept)
-            if copied:
-                torch._foreach_copy_([mine for mine, _ in copied], [theirs for _, theirs in copied])
+            if self.blended[0]:
+                torch._foreach_lerp_(*self.blended, 1 - kept)
+            if self.copied[0]:
+                torch._foreach_copy_(*self.copied)
         self.updates += 1
 
     def weights(self) -> dict[str, torch.Tensor]:
