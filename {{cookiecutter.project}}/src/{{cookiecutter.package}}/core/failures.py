@@ -7,13 +7,17 @@ times out) gets its line. A bug, an error from our own code, keeps its traceback
 import errno
 import logging
 import multiprocessing
+import os
 import re
 import signal
 import sys
 import threading
+import time
+import traceback
 from collections.abc import Callable
 from typing import TypeVar
 
+import psutil
 import torch
 
 from .config import ClearError
@@ -23,6 +27,11 @@ log = logging.getLogger(__name__)
 WORKER_DIED = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\) (?:is killed by signal: ([^.]+)|exited "
                          r"unexpectedly)")
 CAUGHT_IN_WORKER = re.compile(r"^Caught \w+ in DataLoader worker process (\d+)\.")
+# A batch's shared memory reaches the training process as a file descriptor its worker hands over through
+# multiprocessing's resource sharer: a worker that dies mid hand-over fails the receiving end there.
+HAND_OVER = os.path.join("multiprocessing", "resource_sharer.py")
+SECONDS_TO_BECOME_WAITABLE = 1.0  # a dying process closes its sockets a moment before its parent can wait for it
+OUT_OF_MEMORY = "most likely out of memory: lower loader.num_workers or loader.prefetch_factor"
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 GLOO_ERROR = re.compile(r"^\[[^\]]*/gloo/[^\]]*\] ")  # gloo reports a lost peer or a timeout as a RuntimeError
 GLOO_CLOSED = "Application timeout caused pair closure"  # unprefixed: an op on a link a timeout already closed
@@ -51,6 +60,32 @@ def collective_failure(err: BaseException) -> str | None:
     return None
 
 
+def failed_hand_over(err: BaseException) -> bool:
+    """Whether a loader worker's batch failed on its way over, its sender gone (see HAND_OVER)."""
+    return any(isinstance(cause, (OSError, EOFError)) and any(
+        frame.f_code.co_filename.endswith(HAND_OVER) for frame, _ in traceback.walk_tb(cause.__traceback__))
+        for cause in causes(err))
+
+
+def ended_child() -> tuple[int, str] | None:
+    """A child of this process that has ended and was not waited for yet, and how it ended in the DataLoader's
+    words, read without reaping it; None when none has ended within SECONDS_TO_BECOME_WAITABLE."""
+    deadline = time.monotonic() + SECONDS_TO_BECOME_WAITABLE
+    while True:
+        for child in psutil.Process().children():
+            try:
+                ended = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # waited for meanwhile
+                continue
+            if ended is not None:
+                if ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+                    return ended.si_pid, f"was killed by a signal ({signal.strsignal(ended.si_status)})"
+                return ended.si_pid, "died"
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.01)
+
+
 def worker_message(text: str) -> str:
     """A message as the user wrote it, also when torch re-raised it from a loader worker with its traceback."""
     caught = CAUGHT_IN_WORKER.match(text)
@@ -72,8 +107,12 @@ def explain(err: BaseException) -> str | None:
         line = worker_message(str(err))
     elif died:
         how = f"was killed by a signal ({died[2].strip()})" if died[2] else "died"
-        line = (f"a loader worker (pid {died[1].strip()}) {how}, most likely out of memory: lower "
-                "loader.num_workers or loader.prefetch_factor")
+        line = f"a loader worker (pid {died[1].strip()}) {how}, {OUT_OF_MEMORY}"
+    elif failed_hand_over(err):
+        ended = ended_child()
+        who = (f"a loader worker (pid {ended[0]}) {ended[1]}" if ended else
+               f"a loader worker ended while handing a batch over ({err.__class__.__name__}: {err})")
+        line = f"{who}, {OUT_OF_MEMORY}"
     elif full_disk(err):
         line = f"the disk is full ({err.__class__.__name__}: {str(err).splitlines()[0][:200]}): free some space"
     elif isinstance(err, torch.OutOfMemoryError):
