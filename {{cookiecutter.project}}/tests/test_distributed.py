@@ -269,7 +269,6 @@ def two_processes_past_a_checkpoint(run_dir, overrides, max_restarts, cache_dir,
 
 
 @pytest.mark.full
-@pytest.mark.serial  # under the other core's load, the kill once landed mid hand-over: a ConnectionResetError traceback
 def test_a_loader_worker_killed_in_one_process_lets_torchrun_restart_the_group(tmp_path, cache_dir, tiny_root):
     """The failing process ends with its one line, the other one does not hang in a collective, and
     torchrun's one restart resumes from the checkpoint and finishes."""
