@@ -130,6 +130,24 @@ def test_truncated_pack_is_refused_before_training(format, packs, tmp_path):
         open_pack(format, copy)
 
 
+@pytest.mark.parametrize("format", installed("format", ["lmdb"]))
+def test_an_lmdb_pack_damaged_while_a_run_reads_it_is_one_line_naming_the_file(format, packs, tmp_path):
+    import lmdb
+
+    pack_copy = shutil.copytree(packs[format], tmp_path / format)
+    store = open_pack(format, pack_copy).train
+    with lmdb.open(str(store.path), subdir=False, readonly=True, lock=False) as env:
+        page = env.stat()["psize"]
+    assert store.read(0)[0]
+    with open(store.path, "r+b") as file:  # every page but LMDB's two meta pages, which say where the tree is
+        file.seek(2 * page)
+        file.write(b"\xff" * (store.path.stat().st_size - 2 * page))
+    for read in (lambda: store.read(1), lambda: store.payloads(0, 4)):  # the second in the transaction the first broke
+        with pytest.raises(ConfigError, match=rf"^{re.escape(str(store.path))} is damaged \((Corrupted|PageNotFound|BadTxn)"
+                                              r"Error: .*\): pack it again$"):
+            read()
+
+
 @pytest.mark.parametrize("format", PACKED)
 def test_foreign_files_are_refused(format, packs, tiny_root, tmp_path):
     with pytest.raises(ConfigError, match="not a packed data set"):

@@ -1,5 +1,6 @@
 """`format=lmdb`: encoded bytes in an LMDB key-value file, memory-mapped and read without locks."""
 import itertools
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,17 @@ def _environment(path: Path, **options):
                      max_readers=1024, **options)
 
 
+@contextmanager
+def reading(path: Path):
+    """LMDB's errors while a run reads the pack, as one line naming the file: pages damaged or replaced since pack
+    wrote it (the file's size is checked when it is opened)."""
+    import lmdb
+    try:
+        yield
+    except lmdb.Error as err:
+        raise ConfigError(f"{path} is damaged ({err.__class__.__name__}: {err}): pack it again") from None
+
+
 class LmdbImages(Packed):
     def __init__(self, path: Path, split: dict):
         import lmdb
@@ -41,12 +53,13 @@ class LmdbImages(Packed):
         self._environment.close()
 
     def payload(self, index: int) -> bytes:
-        return self._txn.get(_key(index))
+        with reading(self.path):
+            return self._txn.get(_key(index))
 
     def payloads(self, start: int, stop: int) -> list[bytes]:
         """Walked with a cursor in key order: the records lie on consecutive pages, which readahead reads in long
         requests."""
-        with self._txn.cursor() as cursor:
+        with reading(self.path), self._txn.cursor() as cursor:
             cursor.set_key(_key(start))
             return [value for _, value in itertools.islice(cursor, stop - start)]
 
