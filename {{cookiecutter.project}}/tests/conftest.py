@@ -517,6 +517,20 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
+@pytest.fixture
+def read_only_folder(small_disk, tmp_path) -> Path:
+    """A folder no write reaches: a tmpfs remounted read-only where mounting is allowed, else a folder without
+    write permission (which stops every user but root). Its size leaves room for what a free-space check asks."""
+    disk = small_disk(64)
+    if disk is not None and not subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True).returncode:
+        return disk
+    if os.geteuid() == 0:
+        pytest.skip(f"root writes past permissions, and {getattr(small_disk, 'refused', 'remounting read-only failed')}")
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o555)
+    return folder
+
+
 def fill(disk: Path, leave_bytes: int = 0) -> None:
     """Take the free space of `disk` but `leave_bytes` with a file of its own, as another program filling it would."""
     descriptor = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)

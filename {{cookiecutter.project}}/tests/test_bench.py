@@ -344,6 +344,17 @@ def test_bench_ends_with_the_fastest_row_beside_the_baseline_and_the_command_tha
         + " ".join(["data=folder", f"data.root={tiny_root}", *chosen, *read, "loader.num_workers=1"]))
 
 
+@pytest.mark.skipif(PACKED is None, reason="no packed format's extra is installed: pip install -e '.[lmdb]'")
+def test_a_pack_dir_that_cannot_be_written_is_refused_before_bench_measures(read_only_folder, tiny_root, tmp_path):
+    pack_dir = read_only_folder / "packs"
+    with compose_bench(tiny_root, tmp_path, f"bench.formats=[folder,{PACKED}]", f"bench.pack_dir={pack_dir}") as cfg, \
+            pytest.raises(ConfigError) as refused:
+        bench(cfg, tmp_path)
+    assert re.match(rf"bench.pack_dir={pack_dir}: {read_only_folder} cannot be written \((Read-only file system|"
+                    r"Permission denied)\); pick a folder this user can write$", str(refused.value)), refused.value
+    assert not (tmp_path / "bench.csv").exists()
+
+
 @pytest.mark.parametrize(("override", "line"), [
     ("bench.batch_size=64", "bench.batch_size=64 is more than the 24 training images under {root}: pass a smaller "
                             "bench.batch_size"),

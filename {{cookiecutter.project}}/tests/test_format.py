@@ -306,6 +306,14 @@ def test_pack_on_a_full_disk_from_the_command_line_is_one_line(tiny_root, small_
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: pack.out={disk / 'out'}: the pack needs about")
 
 
+def test_pack_onto_a_folder_that_cannot_be_written_is_one_line_saying_so(tiny_root, read_only_folder):
+    out = read_only_folder / "packed"
+    with pytest.raises(ClearError, match=rf"^pack failed, nothing written at {re.escape(str(out))}: \[Errno \d+\] "
+                                         r"(Read-only file system|Permission denied): .*; pick a folder this user can "
+                                         r"write$"):
+        pack(tiny_root, "hdf5", out, None, 90, 2, False, "skip")
+
+
 def test_pack_refuses_a_key_no_option_reads(tiny_root, tmp_path):
     from {{ cookiecutter.package }}.pack import pack_command
 

@@ -7,11 +7,12 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from .config import ClearError
+from .config import ClearError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,20 @@ def file_systems(files: list[Path]) -> set[str]:
 def errno_name(err: OSError) -> str:
     """ENOSPC, EIO, ...: the errno's name, which a search for the failure finds."""
     return errno.errorcode.get(err.errno, str(err.errno))
+
+
+def check_writable(folder: Path, key: str) -> None:
+    """Refuse, in one line naming `key`, a folder this user cannot write, or make where it does not exist yet (a
+    read-only file system, a folder of another user), before any work that would be lost."""
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{key}={folder}: {existing} cannot be written ({err.strerror}); pick a folder this user "
+                          "can write") from None
 
 
 def free_bytes(path: Path) -> int:

@@ -1,9 +1,12 @@
 """What bench refuses before it spends time packing or measuring: each refusal is one line."""
+from pathlib import Path
+
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .. import options
 from ..core.config import ConfigError, build
+from ..core.files import check_writable
 from ..data.format.folder import open_tree
 from ..data.sources import Source
 from ..data.workers import check_worker_count
@@ -37,4 +40,6 @@ def checked_source(cfg: DictConfig) -> Source:
     if settings.batch_size > training_images:  # no full batch to time, in any loader
         raise ConfigError(f"bench.batch_size={settings.batch_size} is more than the {training_images} training images "
                           f"under {source.root}: pass a smaller bench.batch_size")
+    if any(options.facts("format", format).packed for format in settings.formats):  # packed on first use
+        check_writable(Path(settings.pack_dir).expanduser(), "bench.pack_dir")
     return source

@@ -1,5 +1,6 @@
 """Packing a JPEG tree into a format, behind `python -m <package>.pack`: conversion in worker processes, the
 writer in a child, and nothing half-written left looking valid."""
+import errno
 import functools
 import hashlib
 import io
@@ -104,6 +105,7 @@ def write_order(images: int, split: str) -> np.ndarray:
 
 SAMPLE = 32  # images converted up front to estimate the pack's size
 MARGIN = 1.25  # the estimate times this must fit in the free space: file-format overhead, and the sample's error
+WRITE_REFUSED = (errno.EROFS, errno.EACCES, errno.EPERM)  # a read-only file system, another user's folder
 
 
 def estimated_bytes(stores, convert: Convert) -> int:
@@ -142,10 +144,10 @@ def pack(root: Path, format: str, out: Path | str, short_side: int | None, quali
         disk = f"the disk of {partial.parent}, where it is written before the upload," if remote else "its disk"
         raise ConfigError(f"pack.out={out}: the pack needs about {needed / 2**20:.1f} MiB and {disk} has "
                           f"{free / 2**20:.1f} MiB free; free some space or pick a pack.out on another disk")
-    partial.mkdir(parents=True)
     start, meta, skipped = time.perf_counter(), {"format": format, "classes": classes, "short_side": short_side,
                                                   "quality": quality if short_side else None, "splits": {}}, []
     try:
+        partial.mkdir(parents=True)
         for split, store in zip(SPLITS, (train, val)):
             file = partial / f"{split}{kind.suffix}"
             kept, left_out = write_split(partial_write(kind, chunk_mb), format, file, store, convert, workers,
@@ -157,7 +159,8 @@ def pack(root: Path, format: str, out: Path | str, short_side: int | None, quali
         kind.publish(partial, str(out))
     except BaseException as err:
         if isinstance(err, OSError):
-            raise ClearError(f"pack failed, nothing written at {out}: {err}") from err
+            advice = "; pick a folder this user can write" if err.errno in WRITE_REFUSED else ""
+            raise ClearError(f"pack failed, nothing written at {out}: {err}{advice}") from err
         raise
     finally:
         shutil.rmtree(partial.parent if remote else partial, ignore_errors=True)
