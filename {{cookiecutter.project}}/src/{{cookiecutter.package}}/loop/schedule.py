@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..contracts import Schedule
+from ..core.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,22 @@ class WarmupCosine:
 
 def warmup_cosine(epochs: int, warmup_epochs: float, warmup_start: float, min_lr_ratio: float) -> WarmupCosine:
     return WarmupCosine(epochs, warmup_epochs, warmup_start, min_lr_ratio)
+
+
+@dataclass(frozen=True)
+class EpochWarmupCosine(WarmupCosine):
+    """The same curve taken once per epoch, at its start, as torchvision's reference steps
+    SequentialLR(LinearLR, CosineAnnealingLR): each epoch trains at one learning rate."""
+
+    def factor(self, position: float) -> float:
+        return super().factor(math.floor(position))
+
+
+def epoch_cosine(epochs: int, warmup_epochs: int, warmup_start: float, min_lr_ratio: float) -> EpochWarmupCosine:
+    if warmup_epochs != int(warmup_epochs):
+        raise ConfigError(f"schedule.warmup_epochs={warmup_epochs}: schedule=epoch_cosine changes the learning rate at "
+                          "each epoch's start; pass a whole number of epochs, or use schedule=warmup_cosine")
+    return EpochWarmupCosine(epochs, int(warmup_epochs), warmup_start, min_lr_ratio)
 
 
 class LearningRate:
