@@ -20,7 +20,7 @@ def test_the_backbone_stays_as_it_was_while_frozen_and_trains_after():
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=3)
     freeze = FrozenBackbone(model, epochs=1, outputs=3, name="resnet18", pretrained=True)
-    optimizer = sgd(model, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)  # decay would move frozen weights
+    optimizer = sgd(model, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01, fused=False)  # decay would move frozen weights
 
     def train_steps(epoch: int, steps: int = 1) -> None:
         model.train()

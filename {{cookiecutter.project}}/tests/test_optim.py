@@ -1,14 +1,59 @@
 """The optimizers' own promise, beyond what every optim option is checked for (tests/test_config.py): AdamW's
-decay is decoupled from the gradient and spares norms and biases, and what the model itself names."""
+decay is decoupled from the gradient and spares norms and biases, and what the model itself names; optim.fused
+computes what the default kernels do, and keeps its kernel through a resume."""
+import pytest
 import torch
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
-from {{ cookiecutter.package }}.loop.optim import adamw
+from {{ cookiecutter.package }}.loop.optim import adamw, sgd
+
+OPTIMIZERS = {"sgd": lambda model, fused: sgd(model, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
+                                              fused=fused),
+              "adamw": lambda model, fused: adamw(model, lr=0.01, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.05,
+                                                  fused=fused)}
+FUSED_ON_CPU = pytest.mark.skipif("cpu" not in _get_fused_kernels_supported_devices(),
+                                  reason=f"torch {torch.__version__} has no fused optimizer kernels for the CPU")
+
+
+def small_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3))
+
+
+def trained(make, fused: bool, steps: int = 5) -> torch.nn.Module:
+    model = small_model()
+    optimizer = make(model, fused)
+    data = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(4, 6, generator=data)).square().mean().backward()
+        optimizer.step()
+    return model
+
+
+@FUSED_ON_CPU
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_the_fused_kernel_takes_the_steps_the_default_one_does(name):
+    fused, default = trained(OPTIMIZERS[name], True), trained(OPTIMIZERS[name], False)
+    moved = [(after - before).abs().max() for after, before in zip(default.parameters(), small_model().parameters())]
+    assert min(moved) > 1e-3  # five steps moved every parameter ...
+    for ours, theirs in zip(fused.parameters(), default.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)  # ... and both kernels alike
+
+
+@FUSED_ON_CPU
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_run_resumed_with_fused_steps_with_the_fused_kernel(name):
+    saved = OPTIMIZERS[name](small_model(), False)
+    resumed = OPTIMIZERS[name](small_model(), True)
+    resumed.load_state_dict(saved.state_dict())
+    assert all(group["fused"] and not group["foreach"] for group in resumed.param_groups)
 
 
 def test_adamw_shrinks_conv_and_linear_weights_by_lr_times_decay_and_leaves_norms_and_biases():
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
                                 torch.nn.Linear(4, 2))
-    optimizer = adamw(model, lr=0.1, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.5)
+    optimizer = adamw(model, lr=0.1, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.5, fused=False)
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
     for param in model.parameters():
         param.grad = torch.zeros_like(param)  # Adam's own step is zero: what moves is the decay alone
@@ -34,7 +79,7 @@ class WithPositions(torch.nn.Module):
 
 def test_adamw_spares_what_the_model_names_in_no_weight_decay():
     model = WithPositions()
-    optimizer = adamw(model, lr=0.1, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.5)
+    optimizer = adamw(model, lr=0.1, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.5, fused=False)
     for param in model.parameters():
         param.grad = torch.zeros_like(param)
     optimizer.step()

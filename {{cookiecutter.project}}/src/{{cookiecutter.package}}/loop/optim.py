@@ -1,6 +1,7 @@
 """The optimizers: SGD with Nesterov momentum, the ImageNet standard, and AdamW, the usual one for vision
 transformers and for fine-tuning. Both decay conv and linear weights only, and none a model names in its own
-no_weight_decay()."""
+no_weight_decay(). optim.fused picks torch's fused kernel, one launch updating every parameter, over its default
+foreach kernels."""
 from collections.abc import Sequence
 
 import torch
@@ -22,15 +23,36 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def sgd(model: torch.nn.Module, lr: float, momentum: float, nesterov: bool, weight_decay: float) -> torch.optim.SGD:
-    return torch.optim.SGD(decay_groups(model, weight_decay), lr=lr, momentum=momentum, nesterov=nesterov)
+KERNEL = ("fused", "foreach")  # a parameter group's keys that pick how the update runs, not what it computes
 
 
-def adamw(model: torch.nn.Module, lr: float, betas: list[float], eps: float, weight_decay: float) -> torch.optim.AdamW:
+def keeping_its_kernel(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """`optimizer`, whose kernel stays the one this run asked for when it loads a checkpoint: torch's load_state_dict
+    takes every key of the saved parameter groups, so a run resumed with optim.fused=true would step with the
+    kernel of the run that saved."""
+    built = [{key: group[key] for key in KERNEL if key in group} for group in optimizer.param_groups]
+
+    def restore(loaded: torch.optim.Optimizer) -> None:
+        for group, kernel in zip(loaded.param_groups, built):
+            group.update(kernel)
+
+    optimizer.register_load_state_dict_post_hook(restore)
+    return optimizer
+
+
+def sgd(model: torch.nn.Module, lr: float, momentum: float, nesterov: bool, weight_decay: float,
+        fused: bool) -> torch.optim.SGD:
+    return keeping_its_kernel(torch.optim.SGD(decay_groups(model, weight_decay), lr=lr, momentum=momentum,
+                                              nesterov=nesterov, fused=fused))
+
+
+def adamw(model: torch.nn.Module, lr: float, betas: list[float], eps: float, weight_decay: float,
+          fused: bool) -> torch.optim.AdamW:
     """torch's AdamW, its decay decoupled from the gradient as Loshchilov and Hutter define it."""
     if not (isinstance(betas, Sequence) and len(betas) == 2
             and all(isinstance(beta, (int, float)) and 0 <= beta < 1 for beta in betas)):
         shown = list(betas) if isinstance(betas, Sequence) and not isinstance(betas, str) else betas
         raise ConfigError(f"optim.betas={shown} must be two numbers from 0 up to, not including, 1, such as "
                           "[0.9,0.999]")
-    return torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
+    return keeping_its_kernel(torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps,
+                                                fused=fused))
