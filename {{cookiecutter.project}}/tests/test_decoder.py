@@ -2,6 +2,7 @@
 files. The decoders come from conf/decoder/*.yaml, and what each needs from its own `_facts_`."""
 import importlib
 import io
+import logging
 import os
 import random
 import re
@@ -31,6 +32,7 @@ from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
 from {{ cookiecutter.package }}.data.decoder import (KEPT_OUTPUTS, CpuDecoder, DecodeCrop, Decoded, Unreadable,
                                                      pillow_decode, pixel_box, scaled)
 from {{ cookiecutter.package }}.data.decoder.jpeg import header_size, jpeg_frame, without_app1
+from {{ cookiecutter.package }}.data.decoder import nvjpeg
 from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder, Encoded, EncodedOrPixels
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
@@ -507,19 +509,11 @@ def test_reduced_scale_decode_stays_close_to_a_full_decode():
     assert mean_difference(fast, full).item() < 4
 
 
-def crop_resize_flip(*args):
-    """nvjpeg's batch crop, which imports TorchCodec: skipped where it is missing."""
-    pytest.importorskip("torchcodec", reason="pip install -e '.[torchcodec]'")
-    from {{ cookiecutter.package }}.data.decoder.nvjpeg import crop_resize_flip as crops
-
-    return crops(*args)
-
-
 def test_batch_crops_never_sample_a_neighbouring_image():
     """nvjpeg lays the batch's images out on one canvas: a crop at an image's edge must repeat that edge,
     not blend in the next image or the gap."""
     black, white = torch.zeros((3, 30, 50), dtype=torch.uint8), torch.full((3, 70, 20), 255, dtype=torch.uint8)
-    crops = crop_resize_flip([black, white, black], [(0, 0, 50, 30), (0, 0, 20, 70), (40, 20, 50, 30)],
+    crops = nvjpeg.crop_resize_flip([black, white, black], [(0, 0, 50, 30), (0, 0, 20, 70), (40, 20, 50, 30)],
                              [False, True, False], 16)
     assert crops.shape == (3, 3, 16, 16)
     assert crops[0].max() == 0 and crops[1].min() == 255 and crops[2].max() == 0
@@ -529,7 +523,7 @@ def test_batch_crops_resize_and_flip_like_the_cpu_path():
     pixels = np.asarray(photo(300, 200))
     box = (40, 30, 240, 180)
     expected = torch.from_numpy(Decoded(pixels, box, True, 64).resized()).permute(2, 0, 1)
-    (result,) = crop_resize_flip([torch.from_numpy(pixels).permute(2, 0, 1)], [box], [True], 64)
+    (result,) = nvjpeg.crop_resize_flip([torch.from_numpy(pixels).permute(2, 0, 1)], [box], [True], 64)
     assert mean_difference(result[None], expected[None]).item() < 3.0
 
 
@@ -537,20 +531,45 @@ def test_an_image_nvjpeg_refuses_is_decoded_by_pillow_and_its_batch_goes_on(monk
     """nvJPEG refusing one image of a batch (its own limits, past the header checks the workers make) costs
     that image a CPU decode, with one warning for the run, never the run."""
     decoder = make_decoder("nvjpeg")
-    module = sys.modules[type(decoder).__module__]
-    refused, real = ODD_FILES["progressive"], module.decode_jpeg
+    refused, real = ODD_FILES["progressive"], decoder.decode_jpeg
 
-    def refusing(data, **kwargs):
+    def refusing(data, device):
         if any(item.numpy().tobytes() == refused for item in (data if isinstance(data, list) else [data])):
             raise RuntimeError("nvjpegDecodeBatched failed: NVJPEG_STATUS_JPEG_NOT_SUPPORTED")
-        return real(data, **kwargs)
+        return real(data, device)
 
-    monkeypatch.setattr(module, "decode_jpeg", refusing)
+    monkeypatch.setattr(decoder, "decode_jpeg", refusing)
     files = [ODD_FILES["rgb"], refused, ODD_FILES["exif_rotated"]]
     reference = crops(PilDecoder(), files, CenterCrop(64, 73), CPU)
     for _ in range(2):
         assert mean_difference(crops(decoder, files, CenterCrop(64, 73)), reference).max() < 4.0
     assert sum("nvJPEG refused" in record.getMessage() for record in caplog.records) == 1
+
+
+@pytest.mark.parametrize("backend", ["torchcodec", "torchvision"])
+def test_both_nvjpeg_backends_give_pillows_pixels(backend):
+    if backend == "torchcodec" and (why := nvjpeg.torchcodec_refusal()):
+        pytest.skip(why)
+    decoder = make_decoder("nvjpeg", f"decoder.backend={backend}")
+    files = [ODD_FILES[kind] for kind in ("rgb", "grayscale", "progressive", "exif_rotated", "trailer")]
+    assert decoder.backend == backend
+    assert mean_difference(crops(decoder, files, CenterCrop(64, 73)),
+                           crops(PilDecoder(), files, CenterCrop(64, 73), CPU)).max() < 4.0
+
+
+def test_nvjpeg_auto_takes_torchcodec_where_it_loads_and_torchvision_elsewhere(monkeypatch, caplog):
+    if why := nvjpeg.torchcodec_refusal():
+        pytest.skip(why)
+    assert make_decoder("nvjpeg").backend == "torchcodec"
+    monkeypatch.setitem(sys.modules, "torchcodec.decoders", None)  # as a TorchCodec without decode_jpeg imports
+    with caplog.at_level(logging.INFO):
+        assert make_decoder("nvjpeg").backend == "torchvision"
+    assert any(record.getMessage().startswith("decoder=nvjpeg decodes through torchvision, since torchcodec: torchcodec "
+                                              "does not load") for record in caplog.records)
+    with pytest.raises(ConfigError, match=r"^decoder.backend=torchcodec: no backend decodes here \(torchcodec: "
+                                          r"torchcodec does not load \(.*\): pip install -e '.\[torchcodec\]'\); or "
+                                          r"pass decoder.backend=auto$"):
+        make_decoder("nvjpeg", "decoder.backend=torchcodec")
 
 
 def test_only_huffman_coded_8bit_jpegs_go_to_the_device():

@@ -1,5 +1,5 @@
-"""`decoder=nvjpeg`: each batch decoded by one batched nvJPEG call through TorchCodec (the A100/H100
-hardware JPEG decoder where it applies), then cropped, resized and flipped on the device in one
+"""`decoder=nvjpeg`: each batch decoded by one batched nvJPEG call (the A100/H100 hardware JPEG decoder where it
+applies), through TorchCodec or torchvision (decoder.backend), then cropped, resized and flipped on the device in one
 `roi_align` over the whole batch.
 
 Decoded images differ in size, and roi_align wants one tensor: they are laid out side by side on one
@@ -8,15 +8,15 @@ canvas, each with a one-pixel border repeating its own edge so that no crop samp
 import io
 import logging
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
 from PIL import Image
 from torch.nn.functional import pad
-from torchcodec.decoders import decode_jpeg
 
 from ... import options
-from ...core.config import ConfigError
+from ...core.config import ConfigError, not_installed, wrong_version
 from ..images import UnreadableImage
 from . import Unreadable, decoding, pillow_decode
 from .batch import BatchDecoder, Encoded
@@ -25,11 +25,74 @@ log = logging.getLogger(__name__)
 
 # RuntimeErrors that are the device's, not the image's: no CPU decode would mend them (AcceleratorError: torch 2.8+).
 DEVICE_FAULTS = tuple(getattr(torch, name) for name in ("OutOfMemoryError", "AcceleratorError") if hasattr(torch, name))
+# torchvision 0.29 deprecates its image decoding in favour of TorchCodec's, which decoder.backend=auto takes first:
+# where it falls back to torchvision's, the user has nothing to act on.
+TORCHVISION_DEPRECATION = "The image decoding and encoding capabilities of TorchVision are deprecated"
+
+
+def torchcodec_decode(data: torch.Tensor | list[torch.Tensor], device: torch.device):
+    from torchcodec.decoders import decode_jpeg
+
+    return decode_jpeg(data, mode="RGB", device=device)
+
+
+def torchvision_decode(data: torch.Tensor | list[torch.Tensor], device: torch.device):
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+
+
+def torchcodec_refusal() -> str | None:
+    """Why TorchCodec cannot decode for this option, with the install command, or None: missing, older than its
+    extra asks (0.16, the first with decode_jpeg), or failing to load (a build for another torch)."""
+    if not options.importable("torchcodec"):
+        return not_installed("torchcodec", "torchcodec")
+    if why := wrong_version("torchcodec", "torchcodec"):
+        return why
+    try:
+        from torchcodec.decoders import decode_jpeg  # noqa: F401
+    except (ImportError, OSError, RuntimeError) as err:
+        return f"torchcodec does not load ({str(err).splitlines()[0]}): pip install -e '.[torchcodec]'"
+    return None
+
+
+def torchvision_refusal() -> str | None:
+    """Why torchvision cannot decode for this option, or None: 0.29 deprecated its decode_jpeg, to be removed."""
+    try:
+        from torchvision.io import decode_jpeg  # noqa: F401
+    except ImportError as err:
+        return f"this torchvision has no decode_jpeg ({err}): pip install -e '.[torchcodec]'"
+    return None
+
+
+# Each backend's batched decode (a list of images in one call) and why it cannot serve here, in auto's order of
+# preference: torchvision's comes with torch's own companion package, but 0.29 deprecated it for TorchCodec's.
+BACKENDS = {"torchcodec": (torchcodec_decode, torchcodec_refusal), "torchvision": (torchvision_decode,
+                                                                                   torchvision_refusal)}
+
+
+def pick_backend(backend: str) -> str:
+    """decoder.backend as given, or for `auto` the first in BACKENDS that serves here; one that cannot, refused."""
+    if backend not in ("auto", *BACKENDS):
+        raise ConfigError(f"decoder.backend={backend}: pick auto, {' or '.join(BACKENDS)}")
+    refusals = []
+    for name in BACKENDS if backend == "auto" else [backend]:
+        why = BACKENDS[name][1]()
+        if why is None:
+            if refusals:
+                log.info("decoder=nvjpeg decodes through %s, since %s", name, "; ".join(refusals))
+            return name
+        refusals.append(f"{name}: {why}")
+    advice = "; or pass decoder.backend=auto" if backend != "auto" else ""
+    raise ConfigError(f"decoder.backend={backend}: no backend decodes here ({'; '.join(refusals)}){advice}")
 
 
 class NvjpegDecoder(BatchDecoder):
-    def __init__(self, on_cpu: bool):
+    def __init__(self, on_cpu: bool, backend: str):
         super().__init__(on_cpu)
+        self.backend = pick_backend(backend)
+        self.decode_jpeg = BACKENDS[self.backend][0]
+        warnings.filterwarnings("ignore", TORCHVISION_DEPRECATION, DeprecationWarning)
         self.warned = False  # the first image nvJPEG refuses is logged, not every one
 
     def check_device(self, device: torch.device) -> None:
@@ -38,12 +101,12 @@ class NvjpegDecoder(BatchDecoder):
             return
         tiny = io.BytesIO()
         Image.new("RGB", (16, 16)).save(tiny, "JPEG")
-        try:  # a CPU-only torchcodec (what a plain pip install gives) would leave every image to Pillow
-            decode_jpeg(torch.frombuffer(bytearray(tiny.getvalue()), dtype=torch.uint8), device=device)
+        try:  # a CPU-only build (what a plain pip install of torchcodec gives) would leave every image to Pillow
+            self.decode_jpeg(torch.frombuffer(bytearray(tiny.getvalue()), dtype=torch.uint8), device)
         except RuntimeError as err:
-            raise ConfigError(f"decoder=nvjpeg: this torchcodec does not decode on the GPU ({str(err).splitlines()[0]}):"
-                              f" install torchcodec's CUDA build for this torch, or pick "
-                              f"decoder={options.fastest_cpu_decoder()}") from err
+            raise ConfigError(f"decoder=nvjpeg: this {self.backend} does not decode on the GPU "
+                              f"({str(err).splitlines()[0]}): install {self.backend}'s CUDA build for this torch, or "
+                              f"pick decoder={options.fastest_cpu_decoder()}") from err
 
     def start(self, encoded: list[Encoded], device: torch.device, non_blocking: bool) -> Callable[[], torch.Tensor]:
         images = self.decode(encoded, torch.device("cpu") if self.on_cpu else device)
@@ -55,8 +118,12 @@ class NvjpegDecoder(BatchDecoder):
         """The images as stored (the workers hid their APP1 segments, by which TorchCodec would turn them), in one
         batched call; where nvJPEG refuses the batch, one by one, with Pillow on the CPU for each image it refuses (as
         DALI falls back to the host), so that one odd file never ends the run."""
+        if device.type == "cuda":
+            # nvJPEG's hardware path does not wait for the kernels queued before it, which may still read memory it
+            # is handed (pytorch/vision#9606, meta-pytorch/torchcodec#1634): it starts once they are done.
+            torch.cuda.synchronize(device)
         try:
-            return decode_jpeg([torch.from_numpy(item.data) for item in encoded], mode="RGB", device=device)
+            return self.decode_jpeg([torch.from_numpy(item.data) for item in encoded], device)
         except DEVICE_FAULTS:
             raise
         except RuntimeError:
@@ -64,7 +131,7 @@ class NvjpegDecoder(BatchDecoder):
 
     def decode_one(self, item: Encoded, device: torch.device) -> torch.Tensor:
         try:
-            return decode_jpeg(torch.from_numpy(item.data), mode="RGB", device=device)
+            return self.decode_jpeg(torch.from_numpy(item.data), device)
         except DEVICE_FAULTS:
             raise
         except RuntimeError as refused:
