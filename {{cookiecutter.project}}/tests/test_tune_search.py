@@ -154,6 +154,20 @@ def test_a_change_far_ahead_in_its_one_trial_is_named_when_the_budget_ends_befor
     assert f"{overrides} ran x6.00 that in its one trial" in before_after and "raise tune.budget_min" in before_after
 
 
+def test_a_change_confirmed_by_the_trial_the_budget_ends_on_is_kept(compose_tiny_tune, tmp_path):
+    """make demo's tune on a loaded machine: two noisy starts, then two trials of more workers far ahead, the second
+    the budget's last. It used to say "nothing beat the start" with the change at x3.20 where x1.80 was needed."""
+    cfg = compose_tiny_tune("tune.repeats=2")
+    starts = iter([(21.0, 0.3), (48.8, 0.6)])
+    trials = ScriptedTrials(AVX2, lambda settings: (111.5, 0.02) if settings else next(starts), budget=4)
+    result = search(cfg, trials, lambda summary: None)
+    first = result["trials"][2].change
+    assert len(result["trials"]) == 4 and result["trials"][3].change == first
+    assert result["best"].settings == first and all(trial.kept for trial in result["trials"][2:])
+    before_after, command, _ = write_outputs(result, tmp_path, [])
+    assert before_after.startswith("before: 34.9 images/s") and command is not None
+
+
 def test_when_nothing_beats_the_start_it_says_so_with_the_closest_gain_and_writes_no_command(compose_tiny_tune,
                                                                                             tmp_path):
     """One change runs 3% faster every time: no noise, so the margin is tune.min_gain, 5%. Nothing to train with."""

@@ -60,15 +60,20 @@ def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
         log_trial(trials.record(Trial(str(len(trials.done)), offer.change, note="proposed, not built (or pass "
                                                                             f"tune.allow_pack=true): {offer.command}")))
     plan, left_out = fresh_moves(best, cfg, offer)
+
+    def ahead(rivals: list[Config], sigma: float) -> Config | None:
+        """The fastest rival, where its mean beats the best's by the margin the noise asks."""
+        return rivals[0] if rivals and rivals[0].rate > best.rate * (1 + margin(best, rivals[0], sigma,
+                                                                                     settings.min_gain)) else None
+
     while trials.time_left():
         sigma = noise(configs.values())
         judge = slower_than(best, start, sigma, settings)
         rivals = sorted((config for config in configs.values()  # one that failed or was stopped once is no rival
                          if config is not best and config.trials and all(trial.summary for trial in config.trials)),
                         key=lambda config: config.rate, reverse=True)
-        rival = rivals[0] if rivals else None
-        needed = margin(best, rival, sigma, settings.min_gain) if rival is not None else 0.0
-        if rival is not None and rival.rate > best.rate * (1 + needed):
+        rival = ahead(rivals, sigma)
+        if rival is not None:
             if len(rival.measured) < 2:  # one fast trial may be luck
                 run(rival, judge)
                 continue
@@ -94,6 +99,12 @@ def search(cfg: DictConfig, trials: Trials, offer_for) -> dict:
             if not unsettled:
                 break
             run(min(unsettled, key=lambda config: (len(config.measured), -upper_bound(config, sigma))))
+    # The budget may end on the trial that confirms a rival: it wins as it would have at the next turn.
+    rivals = sorted((config for config in configs.values() if config is not best and len(config.measured) >= 2
+                     and all(trial.summary for trial in config.trials)), key=lambda config: config.rate, reverse=True)
+    if (rival := ahead(rivals, noise(configs.values()))) is not None:
+        best = rival
+        path.append(best)
     for config in path[1:]:
         for trial in config.measured:
             trial.kept = True
