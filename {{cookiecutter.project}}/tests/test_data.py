@@ -79,8 +79,8 @@ def test_missing_or_empty_root_is_a_config_error(tmp_path):
     (tmp_path / "train/cat").mkdir()
     with pytest.raises(ConfigError) as refused:
         folder_splits(tmp_path)
-    assert str(refused.value) == f"{tmp_path / 'train'} holds no .JPEG, .jpg or .png files; put each class's images " \
-                                 f"in {tmp_path / 'train'}/<class>/"
+    assert str(refused.value) == f"{tmp_path / 'train'} holds no image files (.jpg, .jpeg, .png, .ppm, .bmp, .pgm, " \
+                                 f".tif, .tiff, .webp); put each class's images in {tmp_path / 'train'}/<class>/"
     (tmp_path / "train/cat/1.JPEG").write_bytes(b"")
     with pytest.raises(ConfigError, match="val is not a folder"):
         folder_splits(tmp_path)

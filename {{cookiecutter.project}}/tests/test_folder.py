@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from PIL import Image
 from torch.utils.data import DataLoader, Sampler
 
 from {{ cookiecutter.package }} import options
@@ -33,7 +34,7 @@ def test_a_validation_split_without_some_classes_gets_one_warning_naming_one(tmp
     tree(tmp_path / "val", classes=1, per_class=2)
     with caplog.at_level("WARNING"):
         folder.open_tree(tmp_path)
-    assert [record.getMessage() for record in caplog.records] == [
+    assert [record.getMessage() for record in caplog.records if "classes of train" in record.getMessage()] == [
         f"{tmp_path / 'val'} lacks 2 of the 3 classes of train/ (such as n00000001): the validation scores leave "
         "them out"]
 
@@ -46,6 +47,47 @@ def test_the_index_holds_the_files_a_walk_finds_in_sorted_order_with_their_label
     assert list(index) == [path for _, path in walked] and classes == sorted({name for name, _ in walked})
     assert index.labels.tolist() == [classes.index(name) for name, _ in walked]
     assert index[-1] == walked[-1][1] and index[1:3] == [walked[1][1], walked[2][1]]
+
+
+def imagefolder_tree(split: Path) -> Path:
+    """A class folder as users keep them: JPEGs, a WebP, a PNG under upper case, a nested folder of its own, a
+    note; and a class whose images are all in nested folders."""
+    for name in ("cats", "dogs"):
+        (split / name / "more" / "deeper").mkdir(parents=True)
+    for path in ("cats/a.jpg", "cats/b.JPEG", "cats/more/c.jpeg", "dogs/more/deeper/e.jpg"):
+        Image.new("RGB", (8, 8)).save(split / path, "JPEG")
+    Image.new("RGB", (8, 8)).save(split / "cats" / "d.webp", "WEBP")
+    Image.new("RGB", (8, 8)).save(split / "dogs" / "F.PNG", "PNG")
+    (split / "cats" / "notes.txt").write_text("not an image")
+    return split
+
+
+def test_a_tree_is_read_as_torchvisions_imagefolder_reads_it_and_what_it_leaves_out_is_named(tmp_path, caplog):
+    from torchvision.datasets import ImageFolder
+
+    split = imagefolder_tree(tmp_path / "train")
+    with caplog.at_level("WARNING"):
+        index, classes = list_split(split)
+    theirs = ImageFolder(str(split))
+    assert sorted(zip(map(str, index), index.labels.tolist())) == sorted(theirs.samples)
+    assert classes == theirs.classes and len(index) == 6
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{split}: left out 1 files without an image suffix (such as cats/notes.txt); ImageFolder leaves them out too"]
+
+
+def test_a_file_added_in_a_nested_folder_lists_the_split_again(tmp_path, monkeypatch):
+    split = imagefolder_tree(tmp_path / "train")
+    listings = []
+    listed = folder.listed
+    monkeypatch.setattr(folder, "listed", lambda *args: listings.append(args[0]) or listed(*args))
+    first, _ = list_split(split)
+    assert len(list_split(split)[0]) == len(first) and len(listings) == 1  # read from the kept index
+    (split / "dogs" / "more" / "deeper" / "g.jpg").touch()  # neither class folder's time moves
+    assert len(list_split(split)[0]) == len(first) + 1 and len(listings) == 2
+    for path in (split / "dogs" / "more" / "deeper").iterdir():
+        path.unlink()
+    (split / "dogs" / "more" / "deeper").rmdir()
+    assert len(list_split(split)[0]) == len(first) - 1 and len(listings) == 3
 
 
 def test_the_index_is_kept_and_listed_again_only_where_a_folder_changed(tmp_path, monkeypatch, caplog):

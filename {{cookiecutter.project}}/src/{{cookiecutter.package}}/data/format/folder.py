@@ -1,12 +1,14 @@
-"""`format=folder`: the JPEG tree as it is, root/{train,val}/<class>/*. Nothing to prepare; millions of small reads.
+"""`format=folder`: the image tree as it is, root/{train,val}/<class>/**. Nothing to prepare; millions of small reads.
+It reads what torchvision's ImageFolder reads: every file with an image suffix (IMAGE_SUFFIXES) in a class folder
+or any folder below it; the other files it leaves out are counted and named in one line when the split is listed.
 
 A split's listing is a `FileIndex`: three arrays (every file's path below the split folder, end to end in one byte
 string; where each ends; its label), not a Python object per file. A loader worker that reads an image's path then
 touches no object's reference count, so its memory does not grow toward a copy of the index as it reads: the
 DataLoader copy-on-write problem (pytorch/pytorch#13246), which a list of 1.28M paths costs each worker hundreds of
 MB of. Listing reads each class folder once with os.scandir; the index is kept in the user's cache and used again,
-by the next run, while the split folder and every class folder keep their stamps: modification time (a file added,
-removed or renamed changes its folder's), change time and inode, which a tree extracted again gets new even where
+by the next run, while the split folder, every class folder and every folder found below one keep their stamps:
+modification time (a file added, removed or renamed changes its folder's), change time and inode, which a tree extracted again gets new even where
 the tool sets the modification times back (a reproducible tar, a rebuilt container layer). A tree on a FUSE mount,
 whose folder times need not follow its files (object stores), is listed afresh every run, as is any with
 format.reindex=true.
@@ -25,8 +27,9 @@ from ...core.files import WriteError, file_systems, user_cache, write_atomic
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
-INDEX_VERSION = 2  # of the cached index's layout: another version is listed again
+# torchvision's IMG_EXTENSIONS, compared without case: what ImageFolder reads, and Pillow decodes.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+INDEX_VERSION = 3  # of the cached index's layout: another version is listed again
 
 
 class FileIndex:
@@ -97,6 +100,11 @@ def stamps(split_dir: Path, classes: list[str], present: set[str]) -> np.ndarray
                                         for name in classes)], dtype=np.int64)
 
 
+def stamps_below(split_dir: Path, below: list[bytes]) -> np.ndarray:
+    """The stamps of the folders `below` the class folders (paths from the split folder)."""
+    return np.array([stamp(split_dir / os.fsdecode(folder)) for folder in below], dtype=np.int64).reshape(-1, 3)
+
+
 def untrusted(split_dir: Path, reindex: bool) -> str | None:
     """Why the kept index of `split_dir` must not be used this run, or None."""
     if reindex:
@@ -119,34 +127,42 @@ def list_split(split_dir: Path, classes: list[str] | None = None, reindex: bool 
     if absent:
         log.warning("%s lacks %d of the %d classes of train/ (such as %s): the validation scores leave them out",
                     split_dir, len(absent), len(classes), absent[0])
-    now = stamps(split_dir, classes, present)
+    top = stamps(split_dir, classes, present)
     cache = index_cache(split_dir, classes)
     if why := untrusted(split_dir, reindex):
         log.info("%s: listed afresh, not from the index kept in %s: %s", split_dir, cache, why)
         index = None
     else:
-        index = cached(cache, split_dir, now)
+        index = cached(cache, split_dir, top)
     if index is None:
-        index = listed(split_dir, classes, present)
-        keep(cache, index, now)
+        index, below = listed(split_dir, classes, present)
+        keep(cache, index, below, np.concatenate([top, stamps_below(split_dir, below)]))
     if not len(index):
-        raise ConfigError(f"{split_dir} holds no .JPEG, .jpg or .png files; put each class's images in "
-                          f"{split_dir}/<class>/")
+        raise ConfigError(f"{split_dir} holds no image files ({', '.join(IMAGE_SUFFIXES)}); put each class's images "
+                          f"in {split_dir}/<class>/")
     return index, classes
 
 
-def listed(split_dir: Path, classes: list[str], present: set[str]) -> FileIndex:
-    files, labels = [], []
+def listed(split_dir: Path, classes: list[str], present: set[str]) -> tuple[FileIndex, list[bytes]]:
+    """The split's images, and the folders below its class folders (paths from the split folder, whose stamps the
+    kept index is checked against), walked as ImageFolder walks them: symbolic links to folders followed."""
+    files, labels, below, left_out = [], [], [], []
     for label, name in enumerate(classes):
         if name not in present:
             continue
-        folder = os.fsencode(name) + b"/"
-        with os.scandir(split_dir / name) as entries:
-            names = sorted(entry.name for entry in entries
-                           if entry.name.lower().endswith(IMAGE_SUFFIXES) and entry.is_file())
-        files += [folder + os.fsencode(file) for file in names]
-        labels += [label] * len(names)
-    return FileIndex.of(split_dir, files, labels)
+        for folder, folders, names in os.walk(os.fsencode(split_dir / name), followlinks=True):
+            folders.sort()
+            relative = os.path.relpath(folder, os.fsencode(split_dir)) + b"/"
+            if relative.count(b"/") > 1:
+                below.append(relative.rstrip(b"/"))
+            images = sorted(file for file in names if os.fsdecode(file).lower().endswith(IMAGE_SUFFIXES))
+            left_out += [relative + file for file in names if not os.fsdecode(file).lower().endswith(IMAGE_SUFFIXES)]
+            files += [relative + file for file in images]
+            labels += [label] * len(images)
+    if left_out:
+        log.warning("%s: left out %d files without an image suffix (such as %s); ImageFolder leaves them out too",
+                    split_dir, len(left_out), os.fsdecode(left_out[0]))
+    return FileIndex.of(split_dir, files, labels), below
 
 
 def index_cache(split_dir: Path, classes: list[str]) -> Path:
@@ -155,14 +171,18 @@ def index_cache(split_dir: Path, classes: list[str]) -> Path:
     return user_cache() / "index" / f"{key.hexdigest()[:24]}.npz"
 
 
-def cached(cache: Path, split_dir: Path, stamps: np.ndarray) -> FileIndex | None:
-    """The index kept at `cache`, if its folders' stamps are still `stamps`."""
+def cached(cache: Path, split_dir: Path, top: np.ndarray) -> FileIndex | None:
+    """The index kept at `cache`, if the split's and class folders' stamps are still `top` and those of the folders
+    below them it recorded are unchanged too."""
     try:
         with np.load(cache, allow_pickle=False) as kept:
-            if int(kept["version"]) != INDEX_VERSION or not np.array_equal(kept["stamps"], stamps):
+            if int(kept["version"]) != INDEX_VERSION or not np.array_equal(kept["stamps"][:len(top)], top):
+                return None
+            below = [bytes(folder) for folder in kept["below"]]
+            if not np.array_equal(kept["stamps"][len(top):], stamps_below(split_dir, below)):
                 return None
             index = FileIndex(split_dir, kept["names"], kept["ends"], kept["labels"])
-    except FileNotFoundError:
+    except FileNotFoundError:  # the index, or a folder below a class folder that was removed
         return None
     except (OSError, ValueError, KeyError) as err:  # a damaged or foreign file: listed again, and written over
         log.warning("ignoring the unreadable index %s (%s); listing %s again", cache, err, split_dir)
@@ -171,12 +191,12 @@ def cached(cache: Path, split_dir: Path, stamps: np.ndarray) -> FileIndex | None
     return index
 
 
-def keep(cache: Path, index: FileIndex, stamps: np.ndarray) -> None:
+def keep(cache: Path, index: FileIndex, below: list[bytes], folder_stamps: np.ndarray) -> None:
     """Write the index for the next run; a cache that cannot be written costs that run a listing, not this one."""
     def write(path: Path) -> None:
         with open(path, "wb") as file:
-            np.savez(file, version=INDEX_VERSION, stamps=stamps, names=index.names, ends=index.ends,
-                     labels=index.labels)
+            np.savez(file, version=INDEX_VERSION, stamps=folder_stamps, names=index.names, ends=index.ends,
+                     labels=index.labels, below=np.array(below, dtype=np.bytes_))
 
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
