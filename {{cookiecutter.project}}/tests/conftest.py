@@ -378,6 +378,7 @@ BAD_INPUT = {
     "train.accumulate=0": ["train.accumulate=0"],
     "data.start_crop_size above data.crop_size": ["data.start_crop_size=64"],
     "data.crop_ramp_epochs not a pair": ["data.start_crop_size=16", "data.crop_ramp_epochs=3"],
+    "data.start_crop_size without a ramp": ["data.start_crop_size=16"],
     "augment.magnitude beyond its bins": ["augment=rand_augment", "augment.magnitude=31"],
     "train.top1_levels above 100": ["train.top1_levels=[50,150]"],
 }

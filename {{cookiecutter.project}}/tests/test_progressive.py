@@ -23,7 +23,9 @@ def test_a_crop_takes_its_epochs_size():
 
 @pytest.mark.parametrize("start, ramp, key", [(300, (0, 1), "data.start_crop_size=300"),
                                               (4, (0, 1), "data.start_crop_size=4"),
-                                              (64, (3, 1), r"data.crop_ramp_epochs=\[3, 1\]")])
+                                              (64, (3, 1), r"data.crop_ramp_epochs=\[3, 1\]"),
+                                              (64, (0, 0), r"data.start_crop_size=64 with data.crop_ramp_epochs=\[0, 0\] "
+                                                           r"trains every epoch at data.crop_size=224: pass the epochs")])
 def test_a_start_beyond_the_crop_or_a_ramp_backwards_is_refused_in_one_line(start, ramp, key):
     with pytest.raises(ConfigError, match=rf"^{key} "):
         CropSchedule(224, start=start, ramp=ramp)

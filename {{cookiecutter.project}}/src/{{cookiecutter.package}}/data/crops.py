@@ -30,6 +30,10 @@ class CropSchedule:
             shown = list(ramp) if isinstance(ramp, Sequence) and not isinstance(ramp, str) else ramp
             raise ConfigError(f"data.crop_ramp_epochs={shown} is not [first, last] epochs (from 0, first <= last) "
                               "over which the crop grows from data.start_crop_size to data.crop_size, such as [0,6]")
+        if self.start is not None and self.start < self.final and ramp[1] == 0:  # the ramp ends before epoch 0
+            raise ConfigError(f"data.start_crop_size={self.start} with data.crop_ramp_epochs={list(ramp)} trains every "
+                              f"epoch at data.crop_size={self.final}: pass the epochs over which the crop grows, such "
+                              "as data.crop_ramp_epochs=[0,6]")
         object.__setattr__(self, "ramp", tuple(ramp))  # a command line's list, kept as the pair it is
 
     def size(self, epoch: int) -> int:
