@@ -9,7 +9,7 @@ import pytest
 from conftest import PROJECT, hydra_run
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.config import check
+from {{ cookiecutter.package }}.options import check
 
 spec = importlib.util.spec_from_file_location("accuracy_script", PROJECT / "scripts/accuracy.py")
 accuracy = importlib.util.module_from_spec(spec)

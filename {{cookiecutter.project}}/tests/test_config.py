@@ -18,7 +18,6 @@ from {{ cookiecutter.package }}.core.config import (
     ConfigError,
     _bounds,
     build,
-    check,
     check_ranges,
     describe_range,
     in_range,
@@ -29,6 +28,7 @@ from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.sources import Source
 from {{ cookiecutter.package }}.data.staging import no_staging
+from {{ cookiecutter.package }}.options import check
 
 from conftest import CONF, DEVICE, hydra_run, on_this_machine, tiny
 

@@ -5,7 +5,7 @@ import shlex
 
 from conftest import PACKAGE, PROJECT, hydra_run, summary, tiny
 
-from {{ cookiecutter.package }}.core.config import check
+from {{ cookiecutter.package }}.options import check
 
 README = (PROJECT / "README.md").read_text()
 

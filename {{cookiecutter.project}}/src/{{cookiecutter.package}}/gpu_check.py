@@ -16,14 +16,13 @@ from omegaconf import DictConfig
 
 from . import options
 from .core import failures
-from .core.config import check
 from .tools.gpu_check import gpu_check
 
 
 @hydra.main(version_base="1.3", config_path=str(options.CONF), config_name="gpu_check")
 def main(cfg: DictConfig) -> None:
     def checked_run() -> Path:
-        check(cfg)  # a key or value gpu_check does not know stops here, as it stops train
+        options.check(cfg)  # a key or value gpu_check does not know stops here, as it stops train
         return gpu_check(cfg, Path(HydraConfig.get().runtime.output_dir))
 
     report = failures.one_line(checked_run)

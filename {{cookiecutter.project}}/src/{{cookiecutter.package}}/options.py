@@ -36,7 +36,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .core.config import FACTS, ConfigError, not_from, not_installed, wrong_version
+from .core.config import FACTS, ConfigError, check_values, not_from, not_installed, wrong_version
 
 CONF = Path(__file__).resolve().parent / "conf"  # the entry points' config_path, shipped in the wheel
 PACKAGE = __package__  # the import name, in the commands the tools run
@@ -157,6 +157,13 @@ def unavailable(group: str, node: DictConfig) -> str | None:
     instead = (f"; or pick decoder={fastest_cpu_decoder()}, the fastest CPU decoder installed here"
                if facts_of(node).decode_us else "")
     return f"{group}={name_of(group, node)}: {missing}{instead}"
+
+
+def check(cfg: DictConfig) -> None:
+    """Every command's start-up check: each key and value (core/config.py), then every option it picked has its
+    packages; each refusal is one line."""
+    check_values(cfg)
+    refuse_missing_packages(cfg)
 
 
 def refuse_missing_packages(cfg: DictConfig) -> None:

@@ -17,14 +17,14 @@ from omegaconf import DictConfig
 
 from . import options
 from .core import failures
-from .core.config import ConfigError, build, check
+from .core.config import ConfigError, build
 from .tools.pack import pack
 
 log = logging.getLogger(__name__)
 
 
 def pack_command(cfg: DictConfig) -> dict:
-    check(cfg)
+    options.check(cfg)
     source = build(cfg.data)
     if source.root is None:
         raise ConfigError("pass data.root=SRC, the tree with train/ and val/ to pack")

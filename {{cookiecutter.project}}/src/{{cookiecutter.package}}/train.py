@@ -23,7 +23,7 @@ from tqdm import tqdm
 from . import options
 from .core import distributed, failures, faults
 from .core import record as run_record
-from .core.config import ConfigError, build, check, chosen_keys
+from .core.config import ConfigError, build, chosen_keys
 from .core.distributed import World
 from .core.forensics import Forensics
 from .core.hardware import probe
@@ -226,7 +226,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
     """Train as `cfg` says; the finished run's summary, or None where a stop request ended it, its checkpoint saved."""
     if run_record.restored_note:
         log.info(run_record.restored_note)
-    check(cfg)
+    options.check(cfg)
     cudnn.configure(cfg.cudnn)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)

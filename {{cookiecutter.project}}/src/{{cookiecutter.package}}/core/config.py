@@ -199,9 +199,9 @@ def _kind(default: Any) -> tuple[str, tuple[type, ...]] | None:
 AUTO_KEYS = {"loader.num_workers"}  # whole numbers that may also be measured at start-up
 
 
-def check(cfg: DictConfig) -> None:
+def check_values(cfg: DictConfig) -> None:
     """Refuse a key that no option reads, a missing value, an override whose type differs from the default of its
-    key, or a number out of range.
+    key, or a number out of range (options.check then refuses an option whose packages are missing).
 
     Without a schema, Hydra takes `optim.lr=abc` as the string 'abc' and `+train.bach_size=32` as a new key;
     comparing against the same options composed without the user's values catches both for every key of every group.
@@ -232,8 +232,6 @@ def check(cfg: DictConfig) -> None:
                                            or not isinstance(value, kind[1])):
             raise ConfigError(f"{key}={value!r} is not {kind[0]}, as its default {default!r} is")
     check_ranges(cfg)
-    from .. import options  # options reads this module's FACTS and errors: imported here, where both are loaded
-    options.refuse_missing_packages(cfg)
 
 
 def chosen_keys(cfg: DictConfig, group: str) -> set[str]:

@@ -1,4 +1,4 @@
-"""Which keys a run's config knows, and what a key without a value wants: for the start-up check (config.check).
+"""Which keys a run's config knows, and what a key without a value wants: for config.check_values at start-up.
 
 Hydra adds any key given with `+` and has no schema; the options a run picks, composed without the user's values,
 declare every key the code reads, and the comment on a `???` line says what to give.

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from .. import options
 from ..contracts import Decoder, Stores
-from ..core.config import ConfigError, build, check
+from ..core.config import ConfigError, build
 from ..core.distributed import ALONE
 from ..core.files import bytes_in
 from ..core.hardware import synchronize
@@ -251,7 +251,7 @@ def reference_rows(workers: int | str, references: Ceilings, source: Source, set
 
 
 def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
-    check(cfg)
+    options.check(cfg)
     source, settings = checked_source(cfg), cfg.bench
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if settings.device == "auto" \
         else torch.device(settings.device)

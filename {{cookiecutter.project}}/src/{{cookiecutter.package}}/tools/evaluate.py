@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, open_dict
 
-from ..core.config import ConfigError, check
+from .. import options
+from ..core.config import ConfigError
 from ..core.distributed import World, setup
 from ..core.files import write_atomic
 from ..data.loaders import make_loaders
@@ -54,7 +55,7 @@ def scores(matrix: torch.Tensor, hits5: int, classes: list[str]) -> dict:
 
 def evaluate(cfg: DictConfig, run_dir: Path, world: World | None = None) -> dict:
     """Score `cfg.checkpoint` on the validation split of `cfg.data`; write evaluation.json and confusion.png."""
-    check(cfg)
+    options.check(cfg)
     world = world or setup()
     state, inference = load_trained(cfg.checkpoint, torch.device("cpu"))
     model = trained_model(state, inference).to(world.device)

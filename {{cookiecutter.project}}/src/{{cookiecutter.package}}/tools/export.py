@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from .. import options
 from ..contracts import Exporter
-from ..core.config import ClearError, build, check, optional_import
+from ..core.config import ClearError, build, optional_import
 from ..core.files import write_atomic
 from ..loop.checkpoint import load_trained
 from ..loop.model import trained_model
@@ -80,7 +81,7 @@ def difference(expected: torch.Tensor, got: torch.Tensor) -> float:
 @torch.no_grad()
 def export(cfg: DictConfig, run_dir: Path) -> dict:
     """Write the checkpoint's model in `cfg.format`, with model.json beside it, and check the file's outputs."""
-    check(cfg)
+    options.check(cfg)
     state, inference = load_trained(cfg.checkpoint, torch.device("cpu"))
     model = trained_model(state, inference)
     exporter: Exporter = build(cfg.format)

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
 from .. import options
-from ..core.config import ConfigError, build, check
+from ..core.config import ConfigError, build
 from ..core.files import write_atomic
 from ..data.crops import CenterCrop
 from ..data.decoder import Unreadable
@@ -70,7 +70,7 @@ class Present:
 def predict(cfg: DictConfig, run_dir: Path) -> tuple[Path, list[tuple[str, str, float]], int]:
     """Write `cfg.out` (predictions.csv in the run folder): a row per readable image of `cfg.images`. Returns the
     path, the rows and how many files were left out as unreadable."""
-    check(cfg)
+    options.check(cfg)
     files = image_files(cfg.images)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     state, inference = load_trained(cfg.checkpoint, torch.device("cpu"))

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ...core.config import ConfigError, check
+from ... import options
+from ...core.config import ConfigError
 from ..trials import Ranks, Trials, as_overrides, follow
 from . import search
 from .outputs import write_outputs
@@ -58,7 +59,7 @@ def tune(cfg: DictConfig, run_dir: Path, given: list[str], ranks: Ranks) -> None
 
 def run(cfg: DictConfig, run_dir: Path, given: list[str]) -> None:
     """The command's body on every process of the tune job: rank 0 tunes, the others follow its trials."""
-    check(cfg)
+    options.check(cfg)
     ranks = Ranks(timeout_s=60 * cfg.tune.budget_min + 300)  # longer than any trial
     try:
         if ranks.rank == 0:
