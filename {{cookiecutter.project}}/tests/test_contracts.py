@@ -84,6 +84,42 @@ def test_the_check_finds_a_name_where_there_is_one(tmp_path):
                                            ("format", "lmdb", "written: format=lmdb")]
 
 
+GROUND_FLOOR = ("contracts", "core")  # what every other part builds on, and which builds on nothing of theirs
+
+
+def imported(path: Path) -> set[str]:
+    """The package's own modules that the code at `path` imports, wherever it does: at the top, in a function, or
+    for annotations only (under TYPE_CHECKING)."""
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else node.module
+            found |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    def is_module(name: str) -> bool:  # found by its file, not imported (a name imported from a module is not one)
+        path = PACKAGE_DIR.parent.joinpath(*name.split("."))
+        return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+    return {name for name in found if name.split(".")[0] == options.PACKAGE and is_module(name)}
+
+
+@pytest.mark.parametrize("path", [path for path in SOURCES if path.relative_to(PACKAGE_DIR).parts[0] in GROUND_FLOOR],
+                         ids=lambda path: str(path.relative_to(PACKAGE_DIR)))
+def test_the_ground_floor_imports_nothing_built_on_it(path):
+    upward = sorted(name for name in imported(path) if name.split(".")[1] not in GROUND_FLOOR)
+    assert upward == [], f"{module_name(path)} imports from above contracts/ and core/: {upward}"
+
+
+def test_the_import_check_sees_annotations_and_imports_inside_functions(tmp_path):
+    module = PACKAGE_DIR / "core" / "config.py"
+    assert f"{options.PACKAGE}.core.keys" in imported(module)
+    assert imported(PACKAGE_DIR / "loop" / "model" / "timm.py") >= {f"{options.PACKAGE}.contracts"}
+
+
 @pytest.mark.parametrize("path", SOURCES, ids=[str(path.relative_to(PACKAGE_DIR)) for path in SOURCES])
 def test_every_module_is_short_enough_to_own(path):
     assert len(path.read_text().splitlines()) <= LONGEST_MODULE

@@ -26,9 +26,9 @@ Whatever the options, a batch reaching the training step is (normalised float im
 labels): workers produce uint8 HWC crops (or encoded bytes, for GPU decoders) and the device does the rest.
 """
 from .data import (Augment, Batch, Box, Crop, Decoder, EpochOrder, Format, Layout, Order, Prefetcher, ResumableLoader,
-                   Run, Staging, Store, Stores)
-from .loop import Exporter, Logger, Network, Preprocessing, Profiler, Schedule, Stateful
+                   Run, Staging, Store, Stores, Trace, Uploader)
+from .loop import Exporter, Logger, Network, Preprocessing, Pretrained, Profiler, Schedule, Stateful
 
 __all__ = ["Augment", "Batch", "Box", "Crop", "Decoder", "EpochOrder", "Exporter", "Format", "Layout", "Logger",
-           "Network", "Order", "Prefetcher", "Preprocessing", "Profiler", "ResumableLoader", "Run", "Schedule",
-           "Staging", "Stateful", "Store", "Stores"]
+           "Network", "Order", "Prefetcher", "Preprocessing", "Pretrained", "Profiler", "ResumableLoader", "Run",
+           "Schedule", "Staging", "Stateful", "Store", "Stores", "Trace", "Uploader"]

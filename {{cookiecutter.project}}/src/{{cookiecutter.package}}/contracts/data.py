@@ -6,15 +6,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch.utils.data import default_collate
-
-if TYPE_CHECKING:
-    from ..data.coverage import EpochTrace
-    from ..data.device import ToDevice
 
 Box = tuple[float, float, float, float]  # left, top, right, bottom, in pixels of the full-size image
 Run = tuple[int, int]  # consecutive records start..stop-1, which one loader worker reads in one request
@@ -201,6 +197,22 @@ class Staging(Protocol):
         """Where to read `source` from: a copy of it, or itself."""
 
 
+class Trace(Protocol):
+    """Which images a loader's batches held of the epoch so far (data/coverage.py's EpochTrace), for the check at its
+    end that every image was trained once."""
+
+    def counts(self, size: int) -> np.ndarray:
+        """How many times each of the `size` images was taken."""
+
+
+class Uploader(Protocol):
+    """Collated batches to normalised float images and labels on `device` (data/device.py's ToDevice): the one way
+    a prefetcher gets each batch there."""
+    device: torch.device
+
+    def stream(self, batches: Iterable) -> Iterator[Batch]: ...
+
+
 class ResumableLoader(Protocol):
     """A training loader that knows where an epoch stands, so that a resumed run trains each image left once."""
 
@@ -219,7 +231,7 @@ class ResumableLoader(Protocol):
     def load_state(self, state: dict) -> None:
         """Take a `state` back, before the `set_epoch` of the epoch it was saved in."""
 
-    def coverage(self) -> "EpochTrace | None":
+    def coverage(self) -> Trace | None:
         """What this process has taken of the epoch so far (data/coverage.py), or None for a loader that cannot
         tell which images its batches hold."""
 
@@ -228,7 +240,7 @@ class Prefetcher(ABC):
     """How batches reach the device: wraps a loader, keeps its len and its place in the epoch, and yields
     (normalised images, labels) on the device, made by `to_device`."""
 
-    def __init__(self, loader: ResumableLoader, to_device: "ToDevice"):
+    def __init__(self, loader: ResumableLoader, to_device: Uploader):
         self.loader, self.to_device = loader, to_device
 
     def __len__(self) -> int:
@@ -243,7 +255,7 @@ class Prefetcher(ABC):
     def load_state(self, state: dict) -> None:
         self.loader.load_state(state)
 
-    def coverage(self) -> "EpochTrace | None":
+    def coverage(self) -> Trace | None:
         return self.loader.coverage()
 
     @abstractmethod

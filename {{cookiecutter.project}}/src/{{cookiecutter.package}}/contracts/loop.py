@@ -4,12 +4,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from ..loop.model import Pretrained
 
 
 class Stateful(Protocol):
@@ -32,6 +29,15 @@ class Preprocessing:
     resize: int
 
 
+@dataclass(kw_only=True)
+class Pretrained:
+    """Weights as they were loaded: the model at the weights' own class count, and the preprocessing they were
+    trained with, where the weights say."""
+    model: torch.nn.Module
+    classes: int
+    preprocessing: Preprocessing | None
+
+
 class Network(ABC):
     """A `model` option: an architecture by name and its library's weights (files and heads: loop/model/__init__.py)."""
     name: str
@@ -43,7 +49,7 @@ class Network(ABC):
         """The model with `classes` outputs, randomly initialised."""
 
     @abstractmethod
-    def library_weights(self) -> "Pretrained":
+    def library_weights(self) -> Pretrained:
         """The weights model.weights names in the library's words, which it downloads once, into its cache."""
 
 

@@ -14,13 +14,12 @@ a timed warm-up step before training, so its minutes never count as step time.
 """
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
-from ...contracts import Network, Preprocessing
+from ...contracts import Network, Preprocessing, Pretrained
 from ...core.config import ConfigError, build, optional_import
 from ..checkpoint import Inference, load, validated_weights
 
@@ -28,15 +27,6 @@ log = logging.getLogger(__name__)
 
 CPU = torch.device("cpu")
 HEAD_PROBE = 1009  # outputs no hidden layer has: an architecture built with this many has them in its head alone
-
-
-@dataclass(kw_only=True)
-class Pretrained:
-    """Weights as they were loaded: the model at the weights' own class count, and the preprocessing they were
-    trained with, where the weights say."""
-    model: torch.nn.Module
-    classes: int
-    preprocessing: Preprocessing | None
 
 
 def load_weights(network: Network) -> Pretrained | None:

@@ -9,7 +9,7 @@ import torch
 
 from ...contracts import Network, Preprocessing
 from ...core.config import ConfigError, optional_import
-from . import Pretrained
+from ...contracts import Pretrained
 
 PRETRAINED = "pretrained"  # model.weights' word for the weights model.name's tag names
 

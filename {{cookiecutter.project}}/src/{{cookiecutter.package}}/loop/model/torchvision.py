@@ -8,7 +8,7 @@ from torch.hub import get_dir
 
 from ...contracts import Network, Preprocessing
 from ...core.config import ConfigError
-from . import Pretrained
+from ...contracts import Pretrained
 
 
 class Torchvision(Network):
