@@ -1,15 +1,75 @@
-"""The loggers on a disk that fills: a write that fails names its file and errno, closing never raises over the
-failure on its way out, and the writer thread's failure leaves no traceback on stderr."""
+"""The loggers: each keeps every window's figures as it was given them; on a disk that fills, a write that fails
+names its file and errno, closing never raises over the failure on its way out, and the writer thread's failure
+leaves no traceback on stderr."""
+import csv
+import json
 import threading
 import time
 
 import pytest
+from omegaconf import OmegaConf
 
+from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core import failures
+from {{ cookiecutter.package }}.core.config import build
 from {{ cookiecutter.package }}.core.files import WriteError
-from {{ cookiecutter.package }}.loop.logger import jsonl, tensorboard
+from {{ cookiecutter.package }}.loop.logger import csv_table, jsonl, tensorboard
 
-from conftest import fill
+from conftest import CONF, fill, installed
+
+# Two windows, the second with a figure the first lacks, as validation's top-1 arrives at an epoch's end.
+WINDOWS = {20: {"train/loss": 2.0, "time/data_ms": 3.0}, 40: {"train/loss": 1.5, "time/data_ms": 2.5, "val/top1": 40.0}}
+
+
+def tensorboard_figures(run_dir, logger) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    return {(event.step, tag): event.value for tag in events.Tags()["scalars"] for event in events.Scalars(tag)}
+
+
+def table_figures(run_dir, logger) -> dict:
+    with (run_dir / "scalars.csv").open(newline="") as file:
+        return {(int(row["step"]), tag): float(value) for row in csv.DictReader(file)
+                for tag, value in row.items() if tag != "step" and value != ""}
+
+
+def json_figures(run_dir, logger) -> dict:
+    lines = [json.loads(line) for line in (run_dir / "scalars.jsonl").read_text().splitlines()]
+    return {(line["step"], tag): value for line in lines for tag, value in line.items() if tag != "step"}
+
+
+READ_BACK = {"tensorboard": tensorboard_figures, "csv": table_figures, "jsonl": json_figures}
+
+
+def test_every_logger_has_a_way_to_read_it_back_here():
+    assert set(READ_BACK) == set(options.options("logger")) - {"none"}
+
+
+@pytest.mark.parametrize("option", installed("logger", sorted(READ_BACK)))
+def test_every_logger_keeps_each_windows_figures(option, tmp_path):
+    logger = build(OmegaConf.load(CONF / "logger" / f"{option}.yaml"), run_dir=tmp_path)
+    for step, values in WINDOWS.items():
+        logger.scalars(values, step)
+    given = {(step, tag): value for step, values in WINDOWS.items() for tag, value in values.items()}
+    logger.close()
+    assert READ_BACK[option](tmp_path, logger) == given
+
+
+def test_a_resumed_runs_csv_goes_on_after_the_rows_it_holds_and_widens_for_new_figures(tmp_path):
+    first = csv_table(tmp_path, "scalars.csv")
+    first.scalars(WINDOWS[20], 20)
+    first.close()
+    resumed = csv_table(tmp_path, "scalars.csv")
+    resumed.scalars(WINDOWS[40], 40)  # val/top1 is new: the table is written anew, whole
+    resumed.scalars({"train/loss": 1.0}, 60)
+    resumed.close()
+    rows = list(csv.DictReader((tmp_path / "scalars.csv").open(newline="")))
+    assert list(rows[0]) == ["step", "train/loss", "time/data_ms", "val/top1"]
+    assert [(row["step"], row["train/loss"], row["val/top1"]) for row in rows] == [("20", "2.0", ""), ("40", "1.5", "40.0"),
+                                                                                  ("60", "1.0", "")]
+    assert not list(tmp_path.glob(".scalars.csv.partial-*"))
 
 
 @pytest.fixture
@@ -35,7 +95,8 @@ def failed_write(logger, seconds: float = 30) -> WriteError:
     raise AssertionError(f"no write failed in {seconds} s")
 
 
-LOGGERS = {"tb": tensorboard, "scalars.jsonl": lambda run_dir: jsonl(run_dir, "scalars.jsonl")}  # what each writes
+LOGGERS = {"tb": tensorboard, "scalars.jsonl": lambda run_dir: jsonl(run_dir, "scalars.jsonl"),  # what each writes
+           "scalars.csv": lambda run_dir: csv_table(run_dir, "scalars.csv")}
 
 
 @pytest.mark.parametrize("written", sorted(LOGGERS))

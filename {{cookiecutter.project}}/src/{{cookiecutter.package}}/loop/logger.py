@@ -1,5 +1,6 @@
-"""Where the per-window numbers go: TensorBoard, JSON lines (`logger=jsonl`), or nowhere (`logger=none`); each a
-`Logger` (contracts/)."""
+"""Where the per-window numbers go: TensorBoard, a CSV table (`logger=csv`), JSON lines (`logger=jsonl`), or nowhere
+(`logger=none`); each a `Logger` (contracts/)."""
+import csv
 import json
 import logging
 from collections.abc import Iterator
@@ -7,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..contracts import Logger
-from ..core.files import write_failure, writing
+from ..core.files import WriteError, write_atomic, write_failure, writing
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +86,66 @@ class JsonLinesLogger:
             self.file.close()
 
 
+class CsvLogger:
+    """One row per logging window, `step` first and a column per figure: the wide table a spreadsheet or
+    pandas.read_csv opens. A figure first logged after the first window (validation's, at an epoch's end) widens the
+    table, and the file is then written anew, whole, under a temporary name; otherwise each row is appended and
+    flushed at once. A resumed run goes on after the rows its folder's file holds."""
+
+    def __init__(self, path: Path):
+        self.path, self.columns, self.rows = path, ["step"], []
+        self.stale = True  # the file lacks rows or columns the table has: it is written anew at the next call
+        with writing(path):
+            if path.exists():
+                with path.open(newline="") as file:
+                    reader = csv.DictReader(file)
+                    self.columns, self.rows = list(reader.fieldnames or ["step"]), list(reader)
+            self.file = path.open("a", newline="")
+            self.write_anew()
+
+    def write_anew(self) -> None:
+        """The whole table, under a temporary name renamed over the file; rows are appended to it after."""
+        def write(temporary: Path) -> None:
+            with temporary.open("w", newline="") as file:
+                table = csv.DictWriter(file, self.columns)
+                table.writeheader()
+                table.writerows(self.rows)
+
+        write_atomic(self.path, write)  # a failure raises WriteError, naming the file, and the table stays stale
+        self.stale = False
+        self.file.close()
+        self.file = self.path.open("a", newline="")
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        row = {"step": step, **values}
+        self.rows.append(row)
+        new = [tag for tag in values if tag not in self.columns]
+        self.columns += new
+        self.stale = self.stale or bool(new)
+        with writing(self.path):
+            if self.stale:
+                self.write_anew()
+            else:
+                csv.DictWriter(self.file, self.columns).writerow(row)
+                self.file.flush()
+
+    def close(self) -> None:
+        with closing(self.path):
+            self.file.close()
+        if self.stale:  # a write failed: one more try, and what is still missing is said, not raised
+            try:
+                self.write_anew()
+                self.file.close()
+            except WriteError as err:
+                log.error("%s", err)
+
+
 def tensorboard(run_dir: Path) -> Logger:
     return TensorBoardLogger(Path(run_dir) / "tb")
+
+
+def csv_table(run_dir: Path, file: str) -> Logger:
+    return CsvLogger(Path(run_dir) / file)
 
 
 def jsonl(run_dir: Path, file: str) -> Logger:
