@@ -26,6 +26,9 @@ from PIL import Image
 # user's cache: set before the package is imported, and inherited by every command line the tests run.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="test-cache-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
+# logger=wandb in the tests: offline (no API key), its settings in that folder too; nothing leaves the machine.
+os.environ.pop("WANDB_API_KEY", None)
+os.environ["WANDB_CONFIG_DIR"] = os.path.join(os.environ["XDG_CACHE_HOME"], "wandb-config")
 
 # Under pytest-xdist, test processes share the cores: torch gets one thread in each, and so does every command line
 # a test starts, or their threads would fight over the cores. The tests that compare CPU rates are marked `serial`

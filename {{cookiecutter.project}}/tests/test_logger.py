@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core import failures
-from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.core.config import ConfigError, build
 from {{ cookiecutter.package }}.core.files import WriteError
 from {{ cookiecutter.package }}.loop.logger import csv_table, jsonl, tensorboard
 
@@ -40,7 +40,14 @@ def json_figures(run_dir, logger) -> dict:
     return {(line["step"], tag): value for line in lines for tag, value in line.items() if tag != "step"}
 
 
-READ_BACK = {"tensorboard": tensorboard_figures, "csv": table_figures, "jsonl": json_figures}
+def wandb_figures(run_dir, logger) -> dict:
+    """W&B's summary of the run: each figure's last value, at the step it was logged at (an offline run's history is
+    in a binary file only W&B's own service reads)."""
+    last = {tag: max(step for step, values in WINDOWS.items() if tag in values) for tag in WINDOWS[40]}
+    return {(last[tag], tag): logger.run.summary[tag] for tag in last}
+
+
+READ_BACK = {"tensorboard": tensorboard_figures, "csv": table_figures, "jsonl": json_figures, "wandb": wandb_figures}
 
 
 def test_every_logger_has_a_way_to_read_it_back_here():
@@ -53,8 +60,23 @@ def test_every_logger_keeps_each_windows_figures(option, tmp_path):
     for step, values in WINDOWS.items():
         logger.scalars(values, step)
     given = {(step, tag): value for step, values in WINDOWS.items() for tag, value in values.items()}
+    if option == "wandb":  # its summary, read while the run is open
+        given = {key: value for key, value in given.items() if key in wandb_figures(tmp_path, logger)}
+        assert wandb_figures(tmp_path, logger) == given and len(given) == 3
+        logger.close()
+        assert any((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))  # offline, in the run folder
+        return
     logger.close()
     assert READ_BACK[option](tmp_path, logger) == given
+
+
+@pytest.mark.parametrize("option", installed("logger", ["wandb"]))
+def test_a_wandb_mode_it_does_not_know_is_refused_in_one_line_before_a_run_starts(option, tmp_path):
+    node = OmegaConf.load(CONF / "logger" / f"{option}.yaml")
+    node.mode = "sometimes"
+    with pytest.raises(ConfigError, match=r"^logger.mode=sometimes: pick one of auto, online, offline, disabled$"):
+        build(node, run_dir=tmp_path)
+    assert not (tmp_path / "wandb").exists()
 
 
 def test_a_resumed_runs_csv_goes_on_after_the_rows_it_holds_and_widens_for_new_figures(tmp_path):

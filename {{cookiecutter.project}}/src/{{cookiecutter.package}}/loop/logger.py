@@ -1,13 +1,15 @@
-"""Where the per-window numbers go: TensorBoard, a CSV table (`logger=csv`), JSON lines (`logger=jsonl`), or nowhere
-(`logger=none`); each a `Logger` (contracts/)."""
+"""Where the per-window numbers go: TensorBoard, a CSV table (`logger=csv`), Weights & Biases (`logger=wandb`), JSON
+lines (`logger=jsonl`), or nowhere (`logger=none`); each a `Logger` (contracts/)."""
 import csv
 import json
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from ..contracts import Logger
+from ..core.config import ConfigError
 from ..core.files import WriteError, write_atomic, write_failure, writing
 
 log = logging.getLogger(__name__)
@@ -140,12 +142,39 @@ class CsvLogger:
                 log.error("%s", err)
 
 
+class WandbLogger:
+    """A Weights & Biases run whose files stay in the run folder (`wandb/`). `mode=auto` logs online where an API key
+    is set (WANDB_API_KEY) and offline elsewhere, as on a cluster without internet: `wandb sync <run folder>/wandb`
+    uploads it later."""
+
+    def __init__(self, run_dir: Path, project: str, mode: str):
+        import wandb
+
+        modes = ("auto", "online", "offline", "disabled")
+        if mode not in modes:
+            raise ConfigError(f"logger.mode={mode}: pick one of {', '.join(modes)}")
+        if mode == "auto":
+            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        self.run = wandb.init(project=project, dir=str(run_dir), name=Path(run_dir).name, mode=mode,
+                              settings=wandb.Settings(console="off", silent=True))
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step, commit=True)  # the window's row is whole: W&B need not wait for more
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 def tensorboard(run_dir: Path) -> Logger:
     return TensorBoardLogger(Path(run_dir) / "tb")
 
 
 def csv_table(run_dir: Path, file: str) -> Logger:
     return CsvLogger(Path(run_dir) / file)
+
+
+def wandb(run_dir: Path, project: str, mode: str) -> Logger:
+    return WandbLogger(Path(run_dir), project, mode)
 
 
 def jsonl(run_dir: Path, file: str) -> Logger:
