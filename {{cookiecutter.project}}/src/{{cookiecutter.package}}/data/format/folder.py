@@ -6,10 +6,11 @@ A split's listing is a `FileIndex`: three arrays (every file's path below the sp
 string; where each ends; its label), not a Python object per file. A loader worker that reads an image's path then
 touches no object's reference count, so its memory does not grow toward a copy of the index as it reads: the
 DataLoader copy-on-write problem (pytorch/pytorch#13246), which a list of 1.28M paths costs each worker hundreds of
-MB of. Listing reads each class folder once with os.scandir; the index is kept in the user's cache and used again,
-by the next run, while the split folder, every class folder and every folder found below one keep their stamps:
-modification time (a file added, removed or renamed changes its folder's), change time and inode, which a tree extracted again gets new even where
-the tool sets the modification times back (a reproducible tar, a rebuilt container layer). A tree on a FUSE mount,
+MB of. Listing walks each class folder once (os.walk); the index is kept in the user's cache and used again, by the
+next run, while the split folder, every class folder and every folder found below one keep their stamps:
+modification time (a file added, removed or renamed changes its folder's), change time and inode, which a tree
+extracted again gets new even where the tool sets the modification times back (a reproducible tar, a rebuilt
+container layer). A tree on a FUSE mount,
 whose folder times need not follow its files (object stores), is listed afresh every run, as is any with
 format.reindex=true.
 """
