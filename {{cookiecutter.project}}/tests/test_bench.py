@@ -19,11 +19,11 @@ from {{ cookiecutter.package }}.core.config import ConfigError, not_installed
 from {{ cookiecutter.package }}.data.format import META
 from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.data.sources import Source
-from {{ cookiecutter.package }}.tools import storage_probe
+from {{ cookiecutter.package }}.tools.bench import storage_probe
 from {{ cookiecutter.package }}.tools.bench import bench, stores_for, timed_decoders
-from {{ cookiecutter.package }}.tools.bench_report import best_line, chart, table
+from {{ cookiecutter.package }}.tools.bench.report import best_line, chart, table
 from {{ cookiecutter.package }}.tools.pack import pack_path, tree_key
-from {{ cookiecutter.package }}.tools.storage_probe import training_decoder
+from {{ cookiecutter.package }}.tools.bench.storage_probe import training_decoder
 from {{ cookiecutter.package }}.tools.tune.outputs import chart as tune_chart
 
 from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line, hydra_run

@@ -8,7 +8,7 @@ from PIL import Image
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.tools.bench import bench
-from {{ cookiecutter.package }}.tools.ceilings import Ceilings
+from {{ cookiecutter.package }}.tools.bench.ceilings import Ceilings
 
 from conftest import encoded, hydra_run, photo
 from test_decoder import make_decoder

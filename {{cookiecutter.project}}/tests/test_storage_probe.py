@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from {{ cookiecutter.package }}.data.format.folder import open_tree
-from {{ cookiecutter.package }}.tools.storage_probe import drop_cached, storage_rows
+from {{ cookiecutter.package }}.tools.bench.storage_probe import drop_cached, storage_rows
 
 from slow_disk import slow_disk
 

@@ -11,7 +11,7 @@ Every decoder option is timed where this machine can run it; one it cannot (a GP
 unless its facts say its CPU mode is worth timing; a missing extra) gets a row that says why.
 The references, on the same files and worker count:
 - ceiling: the fastest CPU decoder's single-process full-decode rate, times the cores in use, over passes timed
-  before each row and after the last (tools/ceilings.py says why);
+  before each row and after the last (tools/bench/ceilings.py says why);
 - region ceiling: the same for decoding only what each training crop keeps (decoders whose facts say
   `region_decode`), at the DCT scale the crop allows: what a loader that decodes regions cannot pass;
 - baseline: pytorch/examples' recipe, ImageFolder + PIL + RandomResizedCrop + ToTensor + Normalize in float32.
@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from . import options
 from .core import failures
 from .tools.bench import bench
-from .tools.bench_report import best_line, table
+from .tools.bench.report import best_line, table
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import options
-from ..core.hardware import cores_per_process
-from ..data.crops import TrainCrop
-from ..data.decoder import CpuDecoder, Unreadable, decoding, pillow_decode
-from ..data.format.folder import open_tree
+from ... import options
+from ...core.hardware import cores_per_process
+from ...data.crops import TrainCrop
+from ...data.decoder import CpuDecoder, Unreadable, decoding, pillow_decode
+from ...data.format.folder import open_tree
 
 log = logging.getLogger(__name__)
 

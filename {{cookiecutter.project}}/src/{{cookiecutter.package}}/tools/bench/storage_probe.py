@@ -17,12 +17,12 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader, Dataset
 
-from .. import options
-from ..contracts import Store
-from ..core import failures
-from ..core.config import ClearError
-from ..core.files import file_systems
-from .bench_csv import BenchCsv
+from ... import options
+from ...contracts import Store
+from ...core import failures
+from ...core.config import ClearError
+from ...core.files import file_systems
+from .results import BenchCsv
 from .ceilings import Ceiling, Ceilings, cores_for
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 bench.png."""
 from pathlib import Path
 
-from .. import options
-from ..core.charts import pyplot_for
+from ... import options
+from ...core.charts import pyplot_for
 
 
 def read_from(row: dict) -> str:

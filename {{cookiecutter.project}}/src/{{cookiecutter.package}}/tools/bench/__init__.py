@@ -13,23 +13,23 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from .. import options
-from ..contracts import Decoder, Stores
-from ..core.config import ConfigError, build
-from ..core.distributed import ALONE
-from ..core.files import bytes_in
-from ..core.hardware import synchronize
-from ..data.decoder import DECODE_ERRORS, CpuDecoder
-from ..data.images import REPLACEMENTS, Splits, WrongDataSet, make_splits
-from ..data.loaders import training_loader
-from ..data.sources import Source
-from ..data.staging import no_staging
-from ..data.workers import pick_num_workers, work_of
-from .bench_checks import checked_source
-from .bench_csv import BenchCsv
-from .bench_report import chart
+from ... import options
+from ...contracts import Decoder, Stores
+from ...core.config import ConfigError, build
+from ...core.distributed import ALONE
+from ...core.files import bytes_in
+from ...core.hardware import synchronize
+from ...data.decoder import DECODE_ERRORS, CpuDecoder
+from ...data.images import REPLACEMENTS, Splits, WrongDataSet, make_splits
+from ...data.loaders import training_loader
+from ...data.sources import Source
+from ...data.staging import no_staging
+from ...data.workers import pick_num_workers, work_of
+from .checks import checked_source
+from .results import BenchCsv
+from .report import chart
 from .ceilings import CEILING_FILES, Ceilings, cores_for
-from .pack import pack, pack_path, tree_key
+from ..pack import pack, pack_path, tree_key
 from .staged import counted, stagings, timed_staging
 from .storage_probe import probe
 

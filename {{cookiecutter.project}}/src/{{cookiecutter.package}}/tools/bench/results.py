@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.files import write_atomic
+from ...core.files import write_atomic
 from .ceilings import shares
 
 COLUMNS = ("decoder", "format", "order", "staging", "workers", "num_workers", "images_per_s", "vs_baseline",

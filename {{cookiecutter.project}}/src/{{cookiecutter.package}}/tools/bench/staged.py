@@ -9,10 +9,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .. import options
-from ..contracts import Staging, Stores
-from ..core.config import build
-from ..core.distributed import ALONE
+from ... import options
+from ...contracts import Staging, Stores
+from ...core.config import build
+from ...core.distributed import ALONE
 
 
 @contextmanager

@@ -4,12 +4,12 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .. import options
-from ..core.config import ConfigError, build
-from ..core.files import check_writable
-from ..data.format.folder import open_tree
-from ..data.sources import Source
-from ..data.workers import check_worker_count
+from ... import options
+from ...core.config import ConfigError, build
+from ...core.files import check_writable
+from ...data.format.folder import open_tree
+from ...data.sources import Source
+from ...data.workers import check_worker_count
 
 
 def checked_source(cfg: DictConfig) -> Source:
