@@ -122,7 +122,10 @@ def test_the_import_check_sees_annotations_and_imports_inside_functions(tmp_path
 
 @pytest.mark.parametrize("path", SOURCES, ids=[str(path.relative_to(PACKAGE_DIR)) for path in SOURCES])
 def test_every_module_is_short_enough_to_own(path):
-    assert len(path.read_text().splitlines()) <= LONGEST_MODULE
+    lines = len(path.read_text().splitlines())
+    assert lines <= LONGEST_MODULE, (
+        f"{path.relative_to(PACKAGE_DIR)} has {lines} lines, over {LONGEST_MODULE}: split it by concern, into a package "
+        "of its own (as tools/tune/ and tools/bench/ are), not into prefixed siblings")
 
 
 CONTRACTS = {"format": contracts.Format, "decoder": contracts.Decoder, "prefetcher": contracts.Prefetcher,
