@@ -79,6 +79,16 @@ def test_a_wandb_mode_it_does_not_know_is_refused_in_one_line_before_a_run_start
     assert not (tmp_path / "wandb").exists()
 
 
+@pytest.mark.parametrize("option", installed("logger", ["wandb"]))
+def test_wandb_online_without_an_api_key_is_refused_in_one_line_naming_offline(option, tmp_path, monkeypatch):
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # nor a key that `wandb login` left in ~/.netrc
+    node = OmegaConf.load(CONF / "logger" / f"{option}.yaml")
+    node.mode = "online"
+    with pytest.raises(ConfigError, match=r"^logger=wandb could not start a run in mode online \(.*API key.*\): pass "
+                                          r"logger.mode=offline, whose run wandb sync uploads later$"):
+        build(node, run_dir=tmp_path)
+
+
 def test_a_resumed_runs_csv_goes_on_after_the_rows_it_holds_and_widens_for_new_figures(tmp_path):
     first = csv_table(tmp_path, "scalars.csv")
     first.scalars(WINDOWS[20], 20)

@@ -155,8 +155,12 @@ class WandbLogger:
             raise ConfigError(f"logger.mode={mode}: pick one of {', '.join(modes)}")
         if mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-        self.run = wandb.init(project=project, dir=str(run_dir), name=Path(run_dir).name, mode=mode,
-                              settings=wandb.Settings(console="off", silent=True))
+        try:
+            self.run = wandb.init(project=project, dir=str(run_dir), name=Path(run_dir).name, mode=mode,
+                                  settings=wandb.Settings(console="off", silent=True))
+        except wandb.errors.Error as err:  # no API key, no network: the run would log nowhere
+            raise ConfigError(f"logger=wandb could not start a run in mode {mode} ({str(err).splitlines()[0]}): "
+                              "pass logger.mode=offline, whose run wandb sync uploads later") from None
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step, commit=True)  # the window's row is whole: W&B need not wait for more
