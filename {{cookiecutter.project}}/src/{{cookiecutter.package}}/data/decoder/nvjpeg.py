@@ -16,7 +16,7 @@ from PIL import Image
 from torch.nn.functional import pad
 
 from ... import options
-from ...core.config import ConfigError, not_installed, wrong_version
+from ...core.config import ConfigError
 from ..images import UnreadableImage
 from . import Unreadable, decoding, pillow_decode
 from .batch import BatchDecoder, Encoded
@@ -45,9 +45,7 @@ def torchvision_decode(data: torch.Tensor | list[torch.Tensor], device: torch.de
 def torchcodec_refusal() -> str | None:
     """Why TorchCodec cannot decode for this option, with the install command, or None: missing, older than its
     extra asks (0.16, the first with decode_jpeg), or failing to load (a build for another torch)."""
-    if not options.importable("torchcodec"):
-        return not_installed("torchcodec", "torchcodec")
-    if why := wrong_version("torchcodec", "torchcodec"):
+    if why := options.Facts(extra="torchcodec", module="torchcodec").missing():
         return why
     try:
         from torchcodec.decoders import decode_jpeg  # noqa: F401
