@@ -61,12 +61,17 @@ def errno_name(err: OSError) -> str:
     return errno.errorcode.get(err.errno, str(err.errno))
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path`, or the closest folder above it that exists: where a file or folder not made yet would be made."""
+    while not path.exists():
+        path = path.parent
+    return path
+
+
 def check_writable(folder: Path, key: str) -> None:
     """Refuse, in one line naming `key`, a folder this user cannot write, or make where it does not exist yet (a
     read-only file system, a folder of another user), before any work that would be lost."""
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
+    existing = nearest_existing(folder)
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass
@@ -77,9 +82,7 @@ def check_writable(folder: Path, key: str) -> None:
 
 def free_bytes(path: Path) -> int:
     """Free space on the disk that holds `path`, or would once it is made."""
-    while not path.exists():
-        path = path.parent
-    return shutil.disk_usage(path).free
+    return shutil.disk_usage(nearest_existing(path)).free
 
 
 def bytes_in(path: Path) -> int:
