@@ -156,9 +156,10 @@ def listed(split_dir: Path, classes: list[str], present: set[str]) -> tuple[File
             relative = os.path.relpath(folder, os.fsencode(split_dir)) + b"/"
             if relative.count(b"/") > 1:
                 below.append(relative.rstrip(b"/"))
-            images = sorted(file for file in names if os.fsdecode(file).lower().endswith(IMAGE_SUFFIXES))
-            left_out += [relative + file for file in names if not os.fsdecode(file).lower().endswith(IMAGE_SUFFIXES)]
-            files += [relative + file for file in images]
+            images = []
+            for file in sorted(names):  # each name's suffix tested once: a class folder may hold thousands
+                (images if os.fsdecode(file).lower().endswith(IMAGE_SUFFIXES) else left_out).append(relative + file)
+            files += images
             labels += [label] * len(images)
     if left_out:
         log.warning("%s: left out %d files without an image suffix (such as %s); ImageFolder leaves them out too",
