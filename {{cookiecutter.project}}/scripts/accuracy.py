@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from {{ cookiecutter.package }}.core.config import ClearError
+from {{ cookiecutter.package }}.core.errors import ClearError
 from {{ cookiecutter.package }}.core.files import write_atomic
 from {{ cookiecutter.package }}.diagnosis.summary import Summary
 

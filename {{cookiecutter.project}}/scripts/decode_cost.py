@@ -24,7 +24,8 @@ import torch
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.config import ClearError, build
+from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.core.errors import ClearError
 from {{ cookiecutter.package }}.core.hardware import cpu_description
 from {{ cookiecutter.package }}.data.crops import TrainCrop
 from {{ cookiecutter.package }}.data.decoder import Unreadable

@@ -2,7 +2,7 @@
 carrying on the clock of the run it resumed."""
 import pytest
 
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.loop import accuracy
 from {{ cookiecutter.package }}.loop.accuracy import time_to_accuracy
 

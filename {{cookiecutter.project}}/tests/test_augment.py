@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.data import augment
 from {{ cookiecutter.package }}.data.loaders import make_loaders

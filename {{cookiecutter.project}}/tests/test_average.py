@@ -3,7 +3,7 @@ evaluate, predict and export use."""
 import pytest
 import torch
 
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.loop.average import WeightAverage
 
 

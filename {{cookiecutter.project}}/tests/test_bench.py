@@ -15,7 +15,8 @@ import torch
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core import failures
-from {{ cookiecutter.package }}.core.config import ConfigError, not_installed
+from {{ cookiecutter.package }}.core.errors import ConfigError
+from {{ cookiecutter.package }}.core.packages import not_installed
 from {{ cookiecutter.package }}.data.format import META
 from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.data.sources import Source

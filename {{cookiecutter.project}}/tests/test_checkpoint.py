@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from {{ cookiecutter.package }}.core import files
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.contracts import Preprocessing
 from {{ cookiecutter.package }}.loop import checkpoint

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import pytest
 
-from {{ cookiecutter.package }}.core.config import ClearError
+from {{ cookiecutter.package }}.core.errors import ClearError
 from {{ cookiecutter.package }}.diagnosis.summary import Summary
 from {{ cookiecutter.package }}.tools.compare import load_runs, table
 

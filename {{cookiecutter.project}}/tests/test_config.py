@@ -12,18 +12,9 @@ from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.contracts import Decoder, Layout, Network, Order, Store
-from {{ cookiecutter.package }}.core.config import (
-    FACTS,
-    RANGES,
-    ConfigError,
-    _bounds,
-    build,
-    check_ranges,
-    describe_range,
-    in_range,
-    installs_here,
-    ranged_keys,
-)
+from {{ cookiecutter.package }}.core.config import FACTS, RANGES, _bounds, build, check_ranges, describe_range, in_range, ranged_keys
+from {{ cookiecutter.package }}.core.errors import ConfigError
+from {{ cookiecutter.package }}.core.packages import installs_here
 from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.sources import Source
@@ -213,7 +204,7 @@ def settings_of(node, prefix: str = ""):
 def test_recipe_and_debug_overlays_compose_with_what_they_set(group, option):
     from hydra import compose, initialize_config_dir
 
-    import {{ cookiecutter.package }}.core.config  # noqa: F401 - registers the resolvers the recipes use
+    import {{ cookiecutter.package }}.core.resolvers  # noqa: F401 - registers the resolvers the recipes use
 
     overlay = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
     paths = paths_left_to_the_user(group, option, CONF)
@@ -228,7 +219,7 @@ def test_recipe_and_debug_overlays_compose_with_what_they_set(group, option):
 def test_imagenet_recipe_scales_the_learning_rate_with_the_global_batch(monkeypatch):
     from hydra import compose, initialize_config_dir
 
-    import {{ cookiecutter.package }}.core.config  # noqa: F401 - registers linear_lr
+    import {{ cookiecutter.package }}.core.resolvers  # noqa: F401 - registers linear_lr
 
     def lr(processes: int) -> float:
         monkeypatch.setenv("WORLD_SIZE", str(processes))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import ALONE, World
 from {{ cookiecutter.package }}.core.failures import end_workers, explain
 from {{ cookiecutter.package }}.core.files import STORAGE_FAILED

@@ -26,8 +26,10 @@ from test_data import ALONE, CPU, loader
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.contracts import Crop, Decoder
-from {{ cookiecutter.package }}.core import config
-from {{ cookiecutter.package }}.core.config import DISTRIBUTION, ConfigError, build, installs_here, this_machine
+from {{ cookiecutter.package }}.core import packages
+from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.core.errors import ConfigError
+from {{ cookiecutter.package }}.core.packages import DISTRIBUTION, installs_here, this_machine
 from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
 from {{ cookiecutter.package }}.data.decoder import (KEPT_OUTPUTS, CpuDecoder, DecodeCrop, Decoded, Unreadable,
                                                      pillow_decode, pixel_box, scaled)
@@ -206,7 +208,7 @@ def version_range(name: str):
     """The requirement of decoder `name`'s extra that names a version range, or None (none does, or the project's
     metadata, which holds the ranges, is not installed)."""
     extra = options.facts("decoder", name).extra
-    return next((requirement for requirement in config.extra_requirements(extra) if requirement.specifier), None) \
+    return next((requirement for requirement in packages.extra_requirements(extra) if requirement.specifier), None) \
         if extra else None
 
 
@@ -220,7 +222,7 @@ def test_a_backend_older_than_its_extra_asks_is_refused_before_it_is_imported(na
         pytest.skip(f"decoder={name}: {facts.missing()}")
     node = compose_decoder(name, *on_this_machine(f"decoder={name}"))
     version, import_module = metadata.version, importlib.import_module
-    monkeypatch.setattr(config.metadata, "version", lambda dist: "0.0.1" if dist == requirement.name else version(dist))
+    monkeypatch.setattr(packages.metadata, "version", lambda dist: "0.0.1" if dist == requirement.name else version(dist))
     monkeypatch.setattr(importlib, "import_module", lambda module, *package: pytest.fail(f"{module} was imported")
                         if module == facts.module else import_module(module, *package))
     line = (f"{requirement.name} 0.0.1 is installed, and [{facts.extra}] asks for {requirement.specifier}: "
@@ -244,7 +246,7 @@ def test_a_backend_whose_libraries_do_not_load_is_refused_in_one_line(name, monk
             raise error
         return import_module(module, *package)
 
-    monkeypatch.setattr(config, "wrong_version", lambda distribution, extra: None)
+    monkeypatch.setattr(packages, "wrong_version", lambda distribution, extra: None)
     monkeypatch.setattr(importlib, "import_module", failing_import)
     with pytest.raises(ConfigError) as refused:
         build(node)
@@ -300,7 +302,7 @@ def test_a_cpu_decoder_this_machine_cannot_install_is_refused_naming_the_fastest
     left = next(name for _, name in installed if name != gone)
     importable = options.importable
     monkeypatch.setattr(options, "importable", lambda module: module != facts.module and importable(module))
-    monkeypatch.setattr(config, "installs_here", lambda extra, environment=None: False)
+    monkeypatch.setattr(packages, "installs_here", lambda extra, environment=None: False)
     assert options.fastest_cpu_decoder() == left
     cfg = composed_as_run(monkeypatch, f"decoder={gone}")
     with pytest.raises(ConfigError) as refused:
@@ -332,7 +334,7 @@ def test_the_default_decoder_where_it_cannot_run_gives_way_to_the_fastest_instal
         pytest.skip(f"decoder={default}, the default, needs no package of its own")
     importable = options.importable
     monkeypatch.setattr(options, "importable", lambda module: module != facts.module and importable(module))
-    monkeypatch.setattr(config, "installs_here", lambda extra, environment=None: False)
+    monkeypatch.setattr(packages, "installs_here", lambda extra, environment=None: False)
     missing, fastest = facts.missing(), options.fastest_cpu_decoder()
     assert missing and fastest != default
     cfg = composed_as_run(monkeypatch, "train.epochs=2")

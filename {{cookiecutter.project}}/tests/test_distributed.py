@@ -15,7 +15,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.utils import configure_log
 from omegaconf import open_dict
 
-from {{ cookiecutter.package }}.core.config import ConfigError, rank_suffix, run_name
+from {{ cookiecutter.package }}.core.errors import ConfigError
+from {{ cookiecutter.package }}.core.resolvers import rank_suffix, run_name
 from {{ cookiecutter.package }}.core.distributed import World, restart_store
 from {{ cookiecutter.package }}.core.failures import explain
 from {{ cookiecutter.package }}.core.forensics import Forensics

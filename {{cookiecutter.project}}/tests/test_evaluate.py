@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.loop.evaluate import accuracy, evaluate
 from {{ cookiecutter.package }}.loop.precision import Precision

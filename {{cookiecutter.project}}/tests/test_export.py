@@ -10,7 +10,9 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.config import ClearError, ConfigError, build, installs_here
+from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.core.errors import ClearError, ConfigError
+from {{ cookiecutter.package }}.core.packages import installs_here
 from {{ cookiecutter.package }}.loop.checkpoint import Inference, save
 from {{ cookiecutter.package }}.tools.export import TorchScript, export
 

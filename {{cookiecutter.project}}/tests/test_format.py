@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.config import ClearError, ConfigError, build
+from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.core.errors import ClearError, ConfigError
 from {{ cookiecutter.package }}.data.decoder.jpeg import pil_size
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import META, folder

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torchvision
 
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.loop.freeze import FrozenBackbone
 from {{ cookiecutter.package }}.loop.optim import sgd
 

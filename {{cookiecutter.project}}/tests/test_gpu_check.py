@@ -44,7 +44,7 @@ def test_a_key_it_does_not_know_is_refused_in_one_line_before_anything_runs(tmp_
 
 @pytest.mark.parametrize("section", ["pipelines", "split_off"])
 def test_a_section_left_out_is_refused_in_one_line_before_anything_runs(section, tmp_path):
-    from {{ cookiecutter.package }}.core.config import ConfigError
+    from {{ cookiecutter.package }}.core.errors import ConfigError
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("gpu_check", [f"~gpu_check.{section}"])

@@ -10,7 +10,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.config import ConfigError, build
+from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import ALONE, World
 from {{ cookiecutter.package }}.data.format import litdata
 from {{ cookiecutter.package }}.data.images import make_splits

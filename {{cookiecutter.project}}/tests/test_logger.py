@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core import failures
-from {{ cookiecutter.package }}.core.config import ConfigError, build
+from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.files import WriteError
 from {{ cookiecutter.package }}.loop.logger import csv_table, jsonl, tensorboard
 

@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.contracts import Preprocessing
-from {{ cookiecutter.package }}.core.config import ConfigError, build
+from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import setup
 from {{ cookiecutter.package }}.core.forensics import Forensics
 from {{ cookiecutter.package }}.data.device import IMAGENET_MEAN, IMAGENET_STD

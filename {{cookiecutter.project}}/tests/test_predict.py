@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.tools.predict import predict
 
 from colours import CLASSES, PREPROCESSING, ColourScores, colour_checkpoint, colour_photo

@@ -2,7 +2,7 @@
 data.crop_size, the workers cut each epoch's size, and validation stays at data.crop_size."""
 import pytest
 
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.data.crops import CropSchedule, TrainCrop
 
 

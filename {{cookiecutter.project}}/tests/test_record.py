@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from {{ cookiecutter.package }}.core import record
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from {{ cookiecutter.package }}.contracts import Layout
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.data.sampling import EpochBatches, EpochSampler, agreed_layout
 
 from epochs import BLOCKS, Job, agreed

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.loop.schedule import LearningRate, epoch_cosine
 
 EPOCHS, WARMUP, STEPS_PER_EPOCH, BATCH = 10, 1, 7, 4  # 28 images an epoch, the last batch of each epoch full

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from {{ cookiecutter.package }}.core.config import ConfigError
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import ALONE
 from {{ cookiecutter.package }}.data.staging import manifest, tmpfs
 

@@ -45,7 +45,7 @@ def test_classes_are_separable_by_a_simple_feature(tmp_path):
 
 
 def test_unwritable_destination_is_one_clear_error(tmp_path):
-    from {{ cookiecutter.package }}.core.config import ClearError
+    from {{ cookiecutter.package }}.core.errors import ClearError
 
     (tmp_path / "file").write_text("a file where a folder should go")
     with pytest.raises(ClearError, match="could not write the synthetic data set"):

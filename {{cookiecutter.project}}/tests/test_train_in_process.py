@@ -10,7 +10,8 @@ import torch
 from hydra.errors import HydraException
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.config import ConfigError, not_installed
+from {{ cookiecutter.package }}.core.errors import ConfigError
+from {{ cookiecutter.package }}.core.packages import not_installed
 from {{ cookiecutter.package }}.core.failures import explain
 from {{ cookiecutter.package }}.core.hardware import Hardware, probe
 from {{ cookiecutter.package }}.diagnosis.verdict import EPOCH_START_SHARE

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.config import ConfigError, build
+from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import ALONE
 from {{ cookiecutter.package }}.data import workers
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder

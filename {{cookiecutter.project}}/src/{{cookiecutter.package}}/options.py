@@ -36,7 +36,10 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .core.config import FACTS, ConfigError, check_values, not_from, not_installed, wrong_version
+from .core import resolvers  # noqa: F401 - registers the resolvers the YAML files under CONF use
+from .core.config import FACTS, check_values
+from .core.errors import ConfigError
+from .core.packages import not_from, not_installed, wrong_version
 
 CONF = Path(__file__).resolve().parent / "conf"  # the entry points' config_path, shipped in the wheel
 PACKAGE = __package__  # the import name, in the commands the tools run

@@ -17,7 +17,8 @@ from omegaconf import DictConfig
 
 from . import options
 from .core import failures
-from .core.config import ConfigError, build
+from .core.config import build
+from .core.errors import ConfigError
 from .tools.pack import pack
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,8 @@ from tqdm import tqdm
 from . import options
 from .core import distributed, failures, faults
 from .core import record as run_record
-from .core.config import ConfigError, build, chosen_keys
+from .core.config import build, chosen_keys
+from .core.errors import ConfigError
 from .core.distributed import World
 from .core.forensics import Forensics
 from .core.hardware import probe

@@ -5,7 +5,7 @@ import logging
 from pathlib import Path
 from types import ModuleType
 
-from .config import not_installed
+from .packages import not_installed
 
 log = logging.getLogger(__name__)
 

@@ -1,126 +1,15 @@
-"""Start-up checks, building from config and the resolvers the YAML files use, so a bad command line costs one
-clear line, not a traceback.
-
-Every rank resolves the same run folder: under torchrun it is named after the rendezvous id, which all ranks
-(and an elastic restart of them) share, instead of a timestamp each rank would read for itself.
-"""
-import importlib
-import importlib.util
-import os
-import platform
-import sys
-import time
+"""Start-up checks and building from config, so a bad command line costs one clear line, not a traceback."""
 from collections.abc import Iterator
-from importlib import metadata
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
+from .errors import ConfigError
 from .keys import leaves, unknown_added, wanted
-
-
-class ClearError(Exception):
-    """An error whose message says all the user needs; the entry points print it as one line, no traceback."""
-
-
-class ConfigError(ClearError):
-    """A mistake in the command line, the config or the input paths."""
-
-
-DISTRIBUTION = "{{ cookiecutter.project }}"  # pyproject.toml's name: its extras' markers say where each installs
-
-
-def optional_import(module: str, extra: str, distribution: str | None = None, bundles: str | None = None) -> ModuleType:
-    """Import a backend's package where the backend is built, or refuse in one line naming the extra to install: where
-    it is missing, and where the module of that name is not `distribution`'s (see `not_from`)."""
-    if why := wrong_version(distribution or module, extra):
-        raise ConfigError(why)
-    try:
-        imported = importlib.import_module(module)
-    except ImportError as err:
-        raise ConfigError(not_installed(module, extra, f" ({err})")) from None
-    except (OSError, RuntimeError) as err:  # installed, but its compiled libraries do not load with this torch
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"{module} is installed but does not load here ({first}): reinstall the build made for "
-                          f"this torch, pip install --force-reinstall -e '.[{extra}]'") from None
-    if why := not_from(module, distribution, bundles):
-        raise ConfigError(not_installed(distribution, extra, f" ({why})"))
-    return imported
-
-
-def not_from(module: str, distribution: str | None, bundles: str | None = None) -> str | None:
-    """Why the importable `module` is not the one an option wants, or None: it is not the file `distribution`
-    installed (PyTurboJPEG installs a top-level `turbojpeg` module too, which decoder=turbojpeg cannot use), or that
-    distribution's files lack the library it `bundles`. Nothing to check for an option that names no distribution."""
-    if distribution is None:
-        return None
-    try:
-        files = metadata.files(distribution) or []
-    except metadata.PackageNotFoundError:
-        files = []
-    origin = importlib.util.find_spec(module).origin
-    if origin is None or not any(Path(file.locate()).resolve() == Path(origin).resolve() for file in files):
-        owners = [owner for owner in metadata.packages_distributions().get(module.split(".")[0], [])
-                  if owner != distribution] or [str(origin)]
-        return f"the module {module} here comes from {', '.join(owners)}, not from {distribution}"
-    if bundles and not any(bundles in file.name for file in files):
-        return f"{distribution} here holds no {bundles}"
-    return None
-
-
-def not_installed(module: str, extra: str, detail: str = "") -> str:
-    """A missing backend's line: the extra that installs it, or, where none does, that this machine cannot have it."""
-    if installs_here(extra):
-        return f"{module} is not installed{detail}: pip install -e '.[{extra}]'"
-    return (f"{module} is not installed{detail}, and pip cannot install it on this machine ({this_machine()}): "
-            f"pyproject.toml installs the extra [{extra}] only where it has wheels")
-
-
-def extra_requirements(extra: str) -> list[Requirement]:
-    """The requirements pyproject.toml lists for `extra`; none where the project runs from a source tree, since
-    nothing installed says what the extra holds."""
-    try:
-        lines = metadata.requires(DISTRIBUTION) or []
-    except metadata.PackageNotFoundError:
-        return []
-    return [requirement for requirement in map(Requirement, lines)
-            if requirement.marker and f'extra == "{extra}"' in str(requirement.marker)]
-
-
-def installs_here(extra: str, environment: dict[str, str] | None = None) -> bool:
-    """Whether `pip install -e '.[extra]'` installs the extra's packages on this machine (or on `environment`'s
-    markers): not where pyproject.toml's markers keep them to other machines or Pythons."""
-    markers = [requirement.marker for requirement in extra_requirements(extra)]
-    return not markers or any(marker.evaluate({**(environment or {}), "extra": extra}) for marker in markers)
-
-
-def wrong_version(distribution: str, extra: str) -> str | None:
-    """The line refusing an installed `distribution` (or the package a dotted module belongs to) outside the versions
-    its extra asks for, or None: an older one lacks the API the option calls (torchcodec before 0.16 has no
-    decode_jpeg, and its import may fail before saying so)."""
-    name = canonicalize_name(distribution.split(".")[0])
-    for requirement in extra_requirements(extra):
-        if canonicalize_name(requirement.name) == name and requirement.specifier:
-            try:
-                version = metadata.version(requirement.name)
-            except metadata.PackageNotFoundError:
-                return None
-            if not requirement.specifier.contains(version, prereleases=True):
-                return (f"{requirement.name} {version} is installed, and [{extra}] asks for {requirement.specifier}: "
-                        f"pip install -e '.[{extra}]'")
-    return None
-
-
-def this_machine() -> str:
-    return f"{platform.system()} {platform.machine()}, Python {sys.version_info.major}.{sys.version_info.minor}"
-
+from .packages import optional_import
 
 RANGES = "_ranges_"  # in a config node: the valid values of its numeric keys, beside the keys themselves
 FACTS = "_facts_"  # in an option's node: what it needs (options.py)
@@ -247,47 +136,3 @@ def chosen_keys(cfg: DictConfig, group: str) -> set[str]:
     alone = compose(run.job.config_name, overrides=[f"{group}={run.runtime.choices[group]}"])[group]
     given, alone = (OmegaConf.to_container(each, resolve=False) for each in (node, alone))
     return {key for key in node if f"{group}.{key}" in named or given.get(key) != alone.get(key)}
-
-
-def linear_lr(base: float, reference_batch: int, *, _root_) -> float:
-    """`base` per `reference_batch` images of the global batch, train.batch_size times the processes of the job
-    (torchrun's WORLD_SIZE): the linear scaling rule of Goyal et al. (arXiv:1706.02677)."""
-    return base * _root_.train.batch_size * int(os.environ.get("WORLD_SIZE", 1)) / reference_batch
-
-
-CROP_SHARE = 0.875  # of the validation image's shorter side that its centre crop keeps: ImageNet's 224 of 256
-
-
-def resize_for(crop_size: int) -> int:
-    """data.val_resize where none is set: the shorter side whose centre crop of `crop_size` keeps CROP_SHARE of it."""
-    return round(crop_size / CROP_SHARE)
-
-
-NO_RENDEZVOUS_ID = "none"  # what torchrun sets TORCHELASTIC_RUN_ID to when the job was given no --rdzv-id
-
-
-def run_name() -> str:
-    """The run folder's name: torchrun's rendezvous id, the same on every rank, or the start time."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", NO_RENDEZVOUS_ID)
-    return f"torchrun-{run_id}" if run_id != NO_RENDEZVOUS_ID else time.strftime("%Y-%m-%d/%H-%M-%S")
-
-
-def rank_suffix() -> str:
-    """'' on rank 0, '-rank<N>' elsewhere: each rank's log file name."""
-    rank = int(os.environ.get("RANK", 0))
-    return f"-rank{rank}" if rank else ""
-
-
-def rank_label() -> str:
-    """'' on rank 0, '[rank <N>]' elsewhere: a log line's origin on a console every process writes to."""
-    rank = int(os.environ.get("RANK", 0))
-    return f"[rank {rank}]" if rank else ""
-
-
-# The resolvers train.yaml and the recipes use, registered with the functions: every entry point imports this
-# module before it composes a config.
-OmegaConf.register_new_resolver("run_name", run_name, replace=True)
-OmegaConf.register_new_resolver("rank_suffix", rank_suffix, replace=True)
-OmegaConf.register_new_resolver("rank_label", rank_label, replace=True)
-OmegaConf.register_new_resolver("linear_lr", linear_lr, replace=True)
-OmegaConf.register_new_resolver("resize_for", resize_for, replace=True)

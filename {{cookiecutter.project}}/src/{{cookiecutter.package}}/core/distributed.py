@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .config import ConfigError
+from .errors import ConfigError
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import TypeVar
 import psutil
 import torch
 
-from .config import ClearError
+from .errors import ClearError
 
 log = logging.getLogger(__name__)
 

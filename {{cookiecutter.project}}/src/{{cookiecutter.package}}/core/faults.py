@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from .config import ClearError
+from .errors import ClearError
 
 
 @dataclass(frozen=True)

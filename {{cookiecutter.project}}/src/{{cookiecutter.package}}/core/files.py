@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from .config import ClearError, ConfigError
+from .errors import ClearError, ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import psutil
 import yaml
 from hydra._internal.utils import get_args_parser
 
-from .config import NO_RENDEZVOUS_ID
+from .resolvers import NO_RENDEZVOUS_ID
 from .files import write_atomic
 
 PACKAGE = "{{ cookiecutter.package }}"

@@ -16,7 +16,7 @@ import torch
 
 from .. import options
 from ..contracts import Augment
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from .decoder import CpuDecoder, Decoded
 
 

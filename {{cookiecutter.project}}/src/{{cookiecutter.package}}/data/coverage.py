@@ -18,7 +18,7 @@ from dataclasses import astuple, dataclass, field
 
 import numpy as np
 
-from ..core.config import ClearError
+from ..core.errors import ClearError
 
 MASK = 2**48 - 1
 SALTS = (0x9E3779B97F4A7C15, 0xD1B54A32D192ED03)

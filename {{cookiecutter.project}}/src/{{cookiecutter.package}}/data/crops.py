@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..contracts import Box, Crop
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 
 SIZE_STEP = 8  # the sizes between a progressive schedule's ends are multiples of this
 

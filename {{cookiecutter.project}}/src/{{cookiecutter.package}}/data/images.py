@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..contracts import Decoder, Store, Stores
-from ..core.config import ClearError, ConfigError
+from ..core.errors import ClearError, ConfigError
 from ..core.distributed import World
 from ..core.files import STORAGE_FAILED, errno_name
 from .crops import CenterCrop, TrainCrop

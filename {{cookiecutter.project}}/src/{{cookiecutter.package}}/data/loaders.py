@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import options
 from ..contracts import Layout, Order, Prefetcher, ResumableLoader, Stores
-from ..core.config import RANGES, ConfigError, build
+from ..core.config import RANGES, build
+from ..core.errors import ConfigError
 from ..core.distributed import World
 from ..core.faults import Faults, FaultyReads
 from .batch_memory import lend_batches

@@ -19,7 +19,7 @@ from contextlib import closing
 import torch
 
 from ..contracts import Batch, Prefetcher, ResumableLoader
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from .device import ToDevice
 
 

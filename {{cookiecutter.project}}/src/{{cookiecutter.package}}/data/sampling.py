@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from ..contracts import EpochOrder, Layout, Order
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from ..core.distributed import World
 from .order import FULL_SHUFFLE
 

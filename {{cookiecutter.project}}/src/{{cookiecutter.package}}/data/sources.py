@@ -7,7 +7,7 @@ from pathlib import Path
 from omegaconf import DictConfig, open_dict
 
 from ..contracts import Preprocessing
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from . import synth
 from .crops import CropSchedule
 from .device import IMAGENET_MEAN, IMAGENET_STD

@@ -15,7 +15,7 @@ import psutil
 import torch
 
 from ..contracts import Staging
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from ..core.distributed import World
 from ..core.files import bytes_in
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from ..core.config import ClearError
+from ..core.errors import ClearError
 from ..core.failures import one_line
 
 JPEG_QUALITY = 90

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from ..contracts import Decoder
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from ..core.files import WriteError, user_cache, write_atomic
 from ..core.hardware import cores_per_process, synchronize
 

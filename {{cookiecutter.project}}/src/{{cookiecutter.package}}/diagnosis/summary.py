@@ -9,7 +9,7 @@ import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from ..core.config import ClearError
+from ..core.errors import ClearError
 from ..core.files import write_atomic
 
 

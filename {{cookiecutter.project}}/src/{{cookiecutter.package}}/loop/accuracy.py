@@ -5,7 +5,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 
 
 @dataclass

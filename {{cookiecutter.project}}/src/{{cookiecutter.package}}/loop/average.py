@@ -12,7 +12,7 @@ import copy
 import torch
 
 from ..core import distributed
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 
 
 class WeightAverage:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..contracts import Preprocessing, Stateful
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from ..core.distributed import World
 from ..core.files import write_atomic
 

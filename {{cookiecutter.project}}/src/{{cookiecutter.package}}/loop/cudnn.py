@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 MODES = ("default", "benchmark", "deterministic")

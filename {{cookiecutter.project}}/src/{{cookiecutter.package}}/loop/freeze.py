@@ -10,7 +10,7 @@ import logging
 
 import torch
 
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from .model import find_head
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..contracts import Logger
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from ..core.files import WriteError, write_atomic, write_failure, writing
 
 log = logging.getLogger(__name__)

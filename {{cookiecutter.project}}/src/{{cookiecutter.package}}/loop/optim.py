@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..core import distributed
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 
 
 def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

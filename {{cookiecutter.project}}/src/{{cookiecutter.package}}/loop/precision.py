@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import torch
 from torch.amp import GradScaler
 
-from ..core.config import ClearError, ConfigError
+from ..core.errors import ClearError, ConfigError
 from ..core.hardware import Hardware, bf16_slowdown
 
 log = logging.getLogger(__name__)

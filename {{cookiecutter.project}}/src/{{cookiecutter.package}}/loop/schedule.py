@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..contracts import Schedule
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Finished runs side by side, behind `python -m <package>.compare`."""
 from pathlib import Path
 
-from ..core.config import ClearError
+from ..core.errors import ClearError
 from ..diagnosis.summary import Summary
 from .tables import markdown_table
 

@@ -8,7 +8,7 @@ import torch
 from omegaconf import DictConfig, open_dict
 
 from .. import options
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from ..core.distributed import World, setup
 from ..core.files import write_atomic
 from ..data.loaders import make_loaders

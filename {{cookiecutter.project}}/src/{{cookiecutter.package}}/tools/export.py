@@ -15,7 +15,9 @@ from omegaconf import DictConfig
 
 from .. import options
 from ..contracts import Exporter
-from ..core.config import ClearError, build, optional_import
+from ..core.config import build
+from ..core.errors import ClearError
+from ..core.packages import optional_import
 from ..core.files import write_atomic
 from ..loop.checkpoint import load_trained
 from ..loop.model import trained_model

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from ..core.config import ConfigError
+from ..core.errors import ConfigError
 from ..diagnosis.report import environment
 from ..diagnosis.summary import Summary
 from ..options import PACKAGE

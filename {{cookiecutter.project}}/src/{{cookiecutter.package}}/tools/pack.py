@@ -25,7 +25,8 @@ from tqdm import tqdm
 from .. import options
 from ..core import failures
 from ..contracts import Format
-from ..core.config import ClearError, ConfigError, build
+from ..core.config import build
+from ..core.errors import ClearError, ConfigError
 from ..core.files import bytes_in, disk_space, free_bytes
 from ..data.decoder import Unreadable, decoding, pillow_decode
 from ..data.decoder.jpeg import pil_size

@@ -10,7 +10,8 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
 from .. import options
-from ..core.config import ConfigError, build
+from ..core.config import build
+from ..core.errors import ConfigError
 from ..core.files import write_atomic
 from ..data.crops import CenterCrop
 from ..data.decoder import Unreadable

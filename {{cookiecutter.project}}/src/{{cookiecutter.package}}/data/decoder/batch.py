@@ -16,7 +16,7 @@ import torch
 
 from ... import options
 from ...contracts import Crop, Decoder
-from ...core.config import ConfigError
+from ...core.errors import ConfigError
 from ..batch_memory import batch_buffer
 from . import DecodeCrop, check_size, decoding, pixel_box
 from .jpeg import header_size, jpeg_end, jpeg_frame, without_app1

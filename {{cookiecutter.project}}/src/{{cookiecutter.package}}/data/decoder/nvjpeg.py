@@ -16,7 +16,7 @@ from PIL import Image
 from torch.nn.functional import pad
 
 from ... import options
-from ...core.config import ConfigError
+from ...core.errors import ConfigError
 from ..images import UnreadableImage
 from . import Unreadable, decoding, pillow_decode
 from .batch import BatchDecoder, Encoded

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ...contracts import Format, Store, Stores
-from ...core.config import ConfigError
+from ...core.errors import ConfigError
 
 META = "pack.json"
 SPLITS = ("train", "val")

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ...contracts import Format, Store, Stores
-from ...core.config import ConfigError
+from ...core.errors import ConfigError
 from ...core.files import WriteError, file_systems, user_cache, write_atomic
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from ...core.config import ConfigError
+from ...core.errors import ConfigError
 from . import Packed, PackedFile
 
 CHUNK = 1 << 20  # bytes per HDF5 chunk of the byte stream

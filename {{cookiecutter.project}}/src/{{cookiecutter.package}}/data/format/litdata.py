@@ -15,7 +15,7 @@ import weakref
 from pathlib import Path
 
 from ...contracts import Format, Store, Stores
-from ...core.config import ConfigError
+from ...core.errors import ConfigError
 from . import META, SPLITS, s3
 
 log = logging.getLogger(__name__)

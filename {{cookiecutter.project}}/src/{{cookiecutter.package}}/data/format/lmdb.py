@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...core.config import ConfigError
+from ...core.errors import ConfigError
 from . import Packed, PackedFile
 
 LABELS = b"__labels__"

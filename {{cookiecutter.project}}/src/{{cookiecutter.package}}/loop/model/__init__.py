@@ -20,7 +20,9 @@ import torch
 from omegaconf import OmegaConf
 
 from ...contracts import Network, Preprocessing, Pretrained
-from ...core.config import ConfigError, build, optional_import
+from ...core.config import build
+from ...core.errors import ConfigError
+from ...core.packages import optional_import
 from ..checkpoint import Inference, load, validated_weights
 
 log = logging.getLogger(__name__)

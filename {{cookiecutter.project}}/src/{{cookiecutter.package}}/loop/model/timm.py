@@ -8,7 +8,8 @@ import math
 import torch
 
 from ...contracts import Network, Preprocessing
-from ...core.config import ConfigError, optional_import
+from ...core.errors import ConfigError
+from ...core.packages import optional_import
 from ...contracts import Pretrained
 
 PRETRAINED = "pretrained"  # model.weights' word for the weights model.name's tag names

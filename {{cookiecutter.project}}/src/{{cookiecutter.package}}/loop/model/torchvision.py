@@ -7,7 +7,7 @@ import torchvision
 from torch.hub import get_dir
 
 from ...contracts import Network, Preprocessing
-from ...core.config import ConfigError
+from ...core.errors import ConfigError
 from ...contracts import Pretrained
 
 

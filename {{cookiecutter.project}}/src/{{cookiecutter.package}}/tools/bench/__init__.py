@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader
 
 from ... import options
 from ...contracts import Decoder, Stores
-from ...core.config import ConfigError, build
+from ...core.config import build
+from ...core.errors import ConfigError
 from ...core.distributed import ALONE
 from ...core.files import bytes_in
 from ...core.hardware import synchronize

@@ -5,7 +5,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ... import options
-from ...core.config import ConfigError, build
+from ...core.config import build
+from ...core.errors import ConfigError
 from ...core.files import check_writable
 from ...data.format.folder import open_tree
 from ...data.sources import Source

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from ... import options
 from ...contracts import Store
 from ...core import failures
-from ...core.config import ClearError
+from ...core.errors import ClearError
 from ...core.files import file_systems
 from .results import BenchCsv
 from .ceilings import Ceiling, Ceilings, cores_for

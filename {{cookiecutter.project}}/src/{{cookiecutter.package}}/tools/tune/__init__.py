@@ -22,7 +22,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ... import options
-from ...core.config import ConfigError
+from ...core.errors import ConfigError
 from ..trials import Ranks, Trials, as_overrides, follow
 from . import search
 from .outputs import write_outputs

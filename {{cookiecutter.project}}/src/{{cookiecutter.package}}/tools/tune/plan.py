@@ -10,7 +10,8 @@ import psutil
 from omegaconf import DictConfig
 
 from ... import options
-from ...core.config import ClearError, build
+from ...core.config import build
+from ...core.errors import ClearError
 from ...core.files import bytes_in
 from ...core.hardware import Hardware
 from ...data.crops import TrainCrop

@@ -4,7 +4,7 @@ import logging
 
 from omegaconf import DictConfig, OmegaConf
 
-from ...core.config import ClearError
+from ...core.errors import ClearError
 from ..trials import Judge, Trial, Trials, as_overrides
 from .plan import Group, PackOffer, moves
 from .statistics import MAX_SAMPLES, Config, margin, noise, slower_than, upper_bound
