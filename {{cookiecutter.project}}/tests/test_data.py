@@ -127,6 +127,24 @@ def test_to_device_normalises_into_nchw_float():
     assert labels.tolist() == [0, 1]
 
 
+@pytest.mark.gpu
+def test_normalising_a_batch_on_the_gpu_is_one_kernel_into_channels_last():
+    from torch.profiler import ProfilerActivity, profile
+
+    images = torch.randint(0, 256, (8, 32, 32, 3), dtype=torch.uint8)  # NHWC, as the workers deliver them
+    to_device = ToDevice(PilDecoder(), torch.device("cuda"), False, torch.channels_last)
+    with profile(activities=[ProfilerActivity.CUDA]) as profiled:
+        normalised, _ = to_device((images, torch.tensor([0])))
+        torch.cuda.synchronize()
+    kernels = [event.name for event in profiled.events()
+               if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith("Memcpy")]
+    assert len(kernels) == 1, kernels
+    assert normalised.is_contiguous(memory_format=torch.channels_last)
+    expected = (images.permute(0, 3, 1, 2).float() - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(
+        1, 3, 1, 1)
+    assert torch.allclose(normalised.cpu(), expected, atol=1e-5)
+
+
 def test_validation_shards_cover_every_image_once():
     dataset = torch.utils.data.TensorDataset(torch.arange(10))
     shards = [list(loader(dataset, 3, False, World(rank, rank, 3, CPU))) for rank in range(3)]

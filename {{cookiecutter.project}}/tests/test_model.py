@@ -130,8 +130,11 @@ def test_timm_weights_come_from_the_hugging_face_cache_and_their_normalisation_r
     run.clock.close()
     assert run.model.fc.out_features == 3
     starts_from(run.model, {**timm_cache, "fc.weight": run.model.fc.weight, "fc.bias": run.model.fc.bias}, "fc")
+    black_and_white = torch.tensor([0, 255], dtype=torch.uint8).view(1, 1, 2, 1).expand(1, 1, 2, 3)  # NHWC
+    extremes = (black_and_white, torch.tensor([0]))
     for to_device in (run.loaders.train.to_device, run.loaders.val.to_device):  # the weights' 0.5, not ImageNet's
-        assert to_device.mean.flatten().tolist() == [127.5] * 3 and to_device.std.flatten().tolist() == [127.5] * 3
+        normalised, _ = next(to_device.stream([extremes]))
+        assert normalised.flatten().tolist() == pytest.approx([-1.0, 1.0] * 3)
     assert run.checkpoints.inference.preprocessing == Preprocessing(mean=(0.5,) * 3, std=(0.5,) * 3, crop_size=32, resize=36)
 
 
