@@ -10,7 +10,7 @@ from {{ cookiecutter.package }}.core.distributed import unwrap
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.device import ToDevice
 from {{ cookiecutter.package }}.loop import cudnn
-from {{ cookiecutter.package }}.loop.model import compiled
+from {{ cookiecutter.package }}.loop.compile import check_mode, compiled
 from {{ cookiecutter.package }}.loop.precision import NonFiniteLoss, Precision, make_precision
 
 CPU = torch.device("cpu")
@@ -177,6 +177,60 @@ def test_compile_warm_up_covers_the_first_step_and_validation_in_channels_last()
     with torch.no_grad():
         fast(images)
     assert graphs >= 2 and counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.parametrize(("enabled", "mode", "accumulate", "crop_sizes", "refused"), [
+    (True, "fastest", 1, 1, "model.compile_mode=fastest is not one of torch.compile's modes: default, "),
+    (False, "reduce-overhead", 1, 1, "and model.compile=false: pass model.compile=true too"),
+    (True, "reduce-overhead", 2, 1, "train.accumulate=2 alternates steps that hold their gradients"),
+    (True, "max-autotune", 1, 3, "progressive resizing trains at 3 crop sizes"),
+    (True, "max-autotune-no-cudagraphs", 2, 3, None),  # no graphs: nothing to replay
+    (True, "reduce-overhead", 1, 1, None)])
+def test_compile_modes_are_torchs_own_and_cuda_graphs_refuse_steps_they_cannot_replay(
+        enabled, mode, accumulate, crop_sizes, refused):
+    if refused is None:
+        check_mode(enabled, mode, accumulate, crop_sizes)
+        return
+    with pytest.raises(ConfigError, match=re.escape(refused)):
+        check_mode(enabled, mode, accumulate, crop_sizes)
+
+
+@pytest.mark.full  # torch.compile builds its kernels, 4 s
+def test_cuda_graph_mode_trains_on_the_cpu_without_graphs_and_says_so(caplog, monkeypatch):
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    torch.manual_seed(0)
+    model, images = tiny_model(), torch.randn(4, 3, 8, 8)
+    caplog.set_level("INFO")
+    fast = compiled(model, True, images.shape, Precision("fp32", CPU), mode="reduce-overhead")
+    assert "CUDA graphs need a CUDA device; compiling for cpu without them" in caplog.text
+    before = model[-1].weight.detach().clone()
+    one_step(Precision("fp32", CPU), fast, 0)
+    assert not torch.equal(model[-1].weight, before) and marks == []  # trained; no graph step to mark
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_train_as_the_eager_model_does_with_no_step_skipping_its_graph():
+    from torch._dynamo.utils import counters
+
+    gpu = torch.device("cuda")
+    torch.manual_seed(0)
+    model, eager = tiny_model().to(gpu), tiny_model().to(gpu)
+    eager.load_state_dict(model.state_dict())
+    fast = compiled(model, True, (4, 3, 8, 8), Precision("fp32", gpu), mode="reduce-overhead")
+    pairs = [(fast, torch.optim.SGD(model.parameters(), lr=0.1)), (eager, torch.optim.SGD(eager.parameters(), lr=0.1))]
+    for _ in range(4):  # past the warm-up's recording: these steps replay
+        images = torch.randn(4, 3, 8, 8, device=gpu)
+        losses = []
+        for net, optimizer in pairs:
+            net.train()
+            optimizer.zero_grad(set_to_none=True)
+            loss = net(images).float().square().mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())  # read before the next call, as the loop reads a step's outputs
+        assert losses[0] == pytest.approx(losses[1], rel=1e-3)
+    assert counters["inductor"]["cudagraph_skips"] == 0
 
 
 @pytest.mark.gpu

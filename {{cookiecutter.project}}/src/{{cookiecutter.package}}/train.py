@@ -42,12 +42,13 @@ from .loop.average import WeightAverage
 from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
 from .loop.draws import BatchSeeds
 from .loop.clock import make_clock
+from .loop.compile import check_mode, compiled
 from .loop.evaluate import evaluate, shows_top5
 from .loop.logger import NullLogger
 from .loop.meter import TrainMeter
 from .loop.mix import BatchMix
 from .loop.freeze import FrozenBackbone
-from .loop.model import compiled, load_weights, make_model
+from .loop.model import load_weights, make_model
 from .loop.precision import make_precision
 from .loop.preempt import Preempted, StopRequest
 from .loop.profiler import NoProfiler
@@ -73,6 +74,8 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
         raise ConfigError(f"train.batch_size={cfg.train.batch_size} is more than the {each} training images each of "
                           f"the {world.size} process(es) gets, so an epoch has no full batch: pass "
                           f"train.batch_size={max(1, each)} or less")
+    check_mode(cfg.model.compile, cfg.model.compile_mode, cfg.train.accumulate,
+               len(loaders.crop_sizes(cfg.train.epochs)))  # before the model is built
     hardware = probe(device)
     precision = make_precision(cfg.precision, device, hardware)
     model = make_model(network, pretrained, len(loaders.classes)).to(device, memory_format=memory_format)
@@ -82,7 +85,7 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     freeze = FrozenBackbone(distributed.unwrap(model), cfg.train.freeze_epochs, outputs, network.name,
                             pretrained is not None)
     model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
-                     precision, memory_format)
+                     precision, memory_format, cfg.model.compile_mode)
     average = WeightAverage(model, cfg.train.ema_decay)  # before the injected host delay, which it would copy
     faults.slow_host(model, injected.host_delay_ms)
     optimizer = build(cfg.optim, model=model)

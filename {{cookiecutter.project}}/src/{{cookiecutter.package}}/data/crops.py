@@ -36,6 +36,10 @@ class CropSchedule:
                               "as data.crop_ramp_epochs=[0,6]")
         object.__setattr__(self, "ramp", tuple(ramp))  # a command line's list, kept as the pair it is
 
+    def sizes(self, epochs: int) -> set[int]:
+        """The crop sides a run of `epochs` epochs trains at."""
+        return {self.size(epoch) for epoch in range(epochs)}
+
     def size(self, epoch: int) -> int:
         if self.start is None or epoch >= self.ramp[1]:
             return self.final

@@ -46,6 +46,10 @@ class Loaders:
     def classes(self) -> list[str]:
         return self.splits.classes
 
+    def crop_sizes(self, epochs: int) -> set[int]:
+        """The training crop's sides over `epochs` epochs: one, unless the crop grows (progressive resizing)."""
+        return self.splits.train.crop.schedule.sizes(epochs)
+
     def skipped_files(self, world: World) -> int:
         """Unreadable files met so far, counted once each across workers and processes."""
         return self.splits.skipped_files(world)

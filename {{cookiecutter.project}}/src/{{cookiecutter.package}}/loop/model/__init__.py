@@ -9,11 +9,9 @@ building a checkpoint's model again for evaluate, predict and export. An option 
 `Network`) says only what its library knows: the architecture, and its weights by name with their preprocessing.
 
 `model.channels_last=true` stores activations NHWC, the layout tensor-core convolutions want (the inputs
-follow, converted on the device). `model.compile=true` applies torch.compile; the compilation is done by
-a timed warm-up step before training, so its minutes never count as step time.
+follow, converted on the device). `model.compile=true` applies torch.compile (loop/compile.py).
 """
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -123,36 +121,3 @@ def trained_model(state: dict, inference: Inference) -> torch.nn.Module:
     model = network.architecture(network.num_classes or len(inference.classes))
     model.load_state_dict(validated_weights(state))
     return model.eval()
-
-
-def compiled(model: torch.nn.Module, enabled: bool, batch_shape: tuple[int, ...], precision,
-             memory_format: torch.memory_format = torch.contiguous_format) -> torch.nn.Module:
-    """torch.compile(model), compiled now on a batch of zeros, which leaves no trace: a training pass (forward
-    and backward) and a validation one (forward without gradients), each a graph of its own.
-
-    The zeros have the inputs' memory format: compiled for other strides, the first real step would compile
-    again. The training pass updates the normalisation layers' running statistics, which are put back after it.
-    """
-    if not enabled:
-        return model
-    images = torch.zeros(batch_shape, device=next(model.parameters()).device).contiguous(
-        memory_format=memory_format)  # only a compiled run needs it
-    model = torch.compile(model)
-    buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
-    start = time.perf_counter()
-    model.train()
-    with precision.autocast():
-        output = model(images)
-    output.float().sum().backward()
-    model.eval()
-    with torch.no_grad(), precision.autocast():
-        model(images)
-    if images.device.type == "cuda":
-        torch.cuda.synchronize(images.device)
-    seconds = time.perf_counter() - start
-    model.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            buffer.copy_(buffers[name])
-    log.info("model.compile=true: compiled in %.1f s, before training; not counted in step times", seconds)
-    return model

@@ -16,8 +16,9 @@ PRETRAINED = "pretrained"  # model.weights' word for the weights model.name's ta
 
 
 class Timm(Network):
-    def __init__(self, name: str, weights: str | None, num_classes: int, channels_last: bool, compile: bool):
-        # channels_last and compile are the loop's: train.py reads them from the same node
+    def __init__(self, name: str, weights: str | None, num_classes: int, channels_last: bool, compile: bool,
+                 compile_mode: str = "default"):  # absent from the checkpoints written before the key
+        # channels_last, compile and compile_mode are the loop's: train.py reads them from the same node
         self.timm = optional_import("timm", "timm")
         if not self.timm.is_model(name):
             raise ConfigError(f"model.name={name} is not one of timm's models; timm.list_models('resnet*', "

@@ -12,8 +12,9 @@ from ...contracts import Pretrained
 
 
 class Torchvision(Network):
-    def __init__(self, name: str, weights: str | None, num_classes: int, channels_last: bool, compile: bool):
-        # channels_last and compile are the loop's: train.py reads them from the same node
+    def __init__(self, name: str, weights: str | None, num_classes: int, channels_last: bool, compile: bool,
+                 compile_mode: str = "default"):  # absent from the checkpoints written before the key
+        # channels_last, compile and compile_mode are the loop's: train.py reads them from the same node
         available = torchvision.models.list_models(module=torchvision.models)
         if name not in available:
             raise ConfigError(f"model.name={name} is not a torchvision classification model; "

@@ -1,0 +1,101 @@
+"""torch.compile (`model.compile=true`) and its mode (`model.compile_mode`): `default` fuses kernels;
+`reduce-overhead` also records each step as CUDA graphs, replayed with one launch instead of hundreds, for models
+whose step is bound by the host's launches (small images, small models); `max-autotune` also searches kernel
+configurations, at minutes of compile time. The modes are torch's own (torch._inductor.list_mode_options()).
+
+The compilation is done by a timed warm-up before training, so its minutes never count as step time. CUDA graphs
+replay a recorded step on the same shapes and addresses: a run whose shapes change from step to step (progressive
+resizing) or whose steps alternate two backward passes (gradient accumulation, DDP's no_sync) is refused with the
+reason. Each call marks a new graph step (torch.compiler.cudagraph_mark_step_begin), so that the outputs a loop
+still holds from the last call are never overwritten under it; validation's last, shorter batch records its own.
+"""
+import logging
+import time
+
+import torch
+import torch._inductor
+
+from ..core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+GRAPH_WARM_UP = 3  # cudagraph trees run a call eagerly, record the next, and replay from the third
+
+
+def uses_graphs(mode: str) -> bool:
+    """Whether torch.compile's `mode` records CUDA graphs (on a CUDA device)."""
+    return bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+
+
+def graphs_refused(mode: str, accumulate: int, crop_sizes: int) -> str | None:
+    """Why this run cannot replay CUDA graphs, in one line; None where it can, or where `mode` records none."""
+    if not uses_graphs(mode):
+        return None
+    if accumulate > 1:
+        return (f"model.compile_mode={mode} replays one recorded step as CUDA graphs, and train.accumulate="
+                f"{accumulate} alternates steps that hold their gradients with one that all-reduces them: pass "
+                "train.accumulate=1, or model.compile_mode=default")
+    if crop_sizes > 1:
+        return (f"model.compile_mode={mode} replays CUDA graphs recorded for one input shape, and progressive "
+                f"resizing trains at {crop_sizes} crop sizes, each recorded again into its own memory: pass "
+                "data.start_crop_size=null, or model.compile_mode=default")
+    return None
+
+
+def check_mode(enabled: bool, mode: str, accumulate: int, crop_sizes: int) -> None:
+    """Refuse, in one line, a mode torch does not know, a mode without model.compile=true, and CUDA graphs where
+    the run's steps cannot replay them."""
+    modes = list(torch._inductor.list_mode_options())
+    if mode not in modes:
+        raise ConfigError(f"model.compile_mode={mode} is not one of torch.compile's modes: {', '.join(modes)}")
+    if mode != "default" and not enabled:
+        raise ConfigError(f"model.compile_mode={mode} sets how torch.compile compiles, and model.compile=false: "
+                          "pass model.compile=true too")
+    if why := graphs_refused(mode, accumulate, crop_sizes):
+        raise ConfigError(why)
+
+
+def mark_step(module: torch.nn.Module, args: tuple) -> None:
+    torch.compiler.cudagraph_mark_step_begin()
+
+
+def compiled(model: torch.nn.Module, enabled: bool, batch_shape: tuple[int, ...], precision,
+             memory_format: torch.memory_format = torch.contiguous_format, mode: str = "default") -> torch.nn.Module:
+    """torch.compile(model, mode=mode), compiled now on a batch of zeros, which leaves no trace: a training pass
+    (forward and backward) and a validation one (forward without gradients), each a graph of its own; with CUDA
+    graphs, each pass until its graph replays.
+
+    The zeros have the inputs' memory format: compiled for other strides, the first real step would compile
+    again. The training pass updates the normalisation layers' running statistics, which are put back after it.
+    """
+    if not enabled:
+        return model
+    images = torch.zeros(batch_shape, device=next(model.parameters()).device).contiguous(
+        memory_format=memory_format)  # only a compiled run needs it
+    graphs = uses_graphs(mode) and images.device.type == "cuda"
+    if uses_graphs(mode) and not graphs:
+        log.info("model.compile_mode=%s: CUDA graphs need a CUDA device; compiling for %s without them", mode,
+                 images.device)
+    model = torch.compile(model, mode=mode)
+    if graphs:
+        model.register_forward_pre_hook(mark_step)
+    buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    start = time.perf_counter()
+    for _ in range(GRAPH_WARM_UP if graphs else 1):
+        model.train()
+        with precision.autocast():
+            output = model(images)
+        output.float().sum().backward()
+        model.eval()
+        with torch.no_grad(), precision.autocast():
+            model(images)
+    if images.device.type == "cuda":
+        torch.cuda.synchronize(images.device)
+    seconds = time.perf_counter() - start
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
+    log.info("model.compile=true (mode %s): compiled in %.1f s, before training; not counted in step times", mode,
+             seconds)
+    return model
