@@ -119,13 +119,18 @@ def test_host_bound_gpu_asks_for_fewer_launches_and_syncs_not_for_loader_switche
     diagnosis = diagnose(window(0.03, 0.55), {"sys/cpu_util": 20.0}, cores(SM90, 8), settings(precision="fp16"))
     assert diagnosis.bound == "host"
     assert diagnosis.verdict.startswith("The host is the bottleneck: the GPU sat idle 55% of the time")
-    for switch in ("model.compile=true", "train.batch_size", "model.channels_last=true", "precision=bf16",
-                   "train.log_every"):
+    for switch in ("model.compile=true", "model.compile_mode=reduce-overhead model.compile=true", "train.batch_size",
+                   "model.channels_last=true", "precision=bf16", "train.log_every"):
         assert any(switch in line for line in diagnosis.advice), switch
     assert not any("loader." in line or "decoder=" in line or "prefetcher=" in line for line in diagnosis.advice)
     compiled = diagnose(window(0.03, 0.2), {}, cores(SM90, 8), settings(compile=True, log_every=100))
     assert "a partial bottleneck" in compiled.verdict
-    assert not any("model.compile" in line or "train.log_every" in line for line in compiled.advice)
+    assert not any("train.log_every" in line for line in compiled.advice)
+    assert "model.compile=true" not in switches(compiled) and "model.compile_mode=reduce-overhead" in switches(compiled)
+    graphed = diagnose(window(0.03, 0.2), {}, cores(SM90, 8), settings(compile=True, cuda_graphs=True))
+    assert not any(switch.startswith("model.compile") for switch in switches(graphed))
+    refused = diagnose(window(0.03, 0.2), {}, cores(SM90, 8), settings(compile=True, graphs_refused="accumulates"))
+    assert not any(switch.startswith("model.compile") for switch in switches(refused))
     before_ampere = diagnose(window(0.03, 0.55), {}, SM70, settings(precision="fp16"))
     assert not any("precision=bf16" in line for line in before_ampere.advice), "fp16 stays: no bf16 tensor cores"
 

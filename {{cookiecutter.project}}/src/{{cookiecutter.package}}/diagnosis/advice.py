@@ -41,6 +41,8 @@ class Settings:
     precision: str = "fp32"
     channels_last: bool = False
     compile: bool = False
+    cuda_graphs: bool = False  # model.compile_mode records the step as CUDA graphs
+    graphs_refused: str | None = None  # why this run could not replay CUDA graphs (loop/compile.py), if it could not
     cudnn: str = "default"
     crop_size: int = 224
     choices: dict[str, str] = field(default_factory=dict)  # group -> option picked

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from ..core.distributed import World
 from ..core.hardware import cpu_description
 from ..loop.clock import Window
+from ..loop.compile import graphs_refused, uses_graphs
 from ..loop.run import Run
 from .ranks import RankTimes
 from .summary import Summary
@@ -147,6 +148,9 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float | None, hydra_
                         pin_memory=cfg.loader.pin_memory, persistent_workers=cfg.loader.persistent_workers,
                         batch_size=cfg.train.batch_size, log_every=cfg.train.log_every, precision=cfg.precision,
                         channels_last=cfg.model.channels_last, compile=cfg.model.compile, cudnn=cfg.cudnn,
+                        cuda_graphs=cfg.model.compile and uses_graphs(cfg.model.compile_mode),
+                        graphs_refused=graphs_refused("reduce-overhead", cfg.train.accumulate,
+                                                      len(run.loaders.crop_sizes(cfg.train.epochs))),
                         crop_size=cfg.data.crop_size, choices=choices)
     diagnosis = diagnose(total, system, run.hardware, settings, ranks)
     return Summary(

@@ -173,6 +173,10 @@ def host_side(total: Window, system: dict[str, float], hardware: Hardware, setti
     if hardware.on_gpu and not settings.compile:
         found.append(Suggestion(key="model.compile", value="true", side="host", fact=idle,
                                 why="Fuse the step's many small kernels into few, so the host launches less"))
+    if hardware.on_gpu and not settings.cuda_graphs and settings.graphs_refused is None:
+        found.append(Suggestion(key="model.compile_mode", value="reduce-overhead", side="host", fact=idle,
+                                why="Record the step as CUDA graphs and replay it with one launch",
+                                also={"model.compile": "true"}))
     found.append(Suggestion(key="train.batch_size", value=None, side="host", fact=idle, tunable=False,
                             why=f"Give each launch more work: raise train.batch_size (now {settings.batch_size}) while "
                             "memory allows, scaling optim.lr with it"))
