@@ -5,13 +5,17 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.tools.gpu_check import gpu_check
+from {{ cookiecutter.package }}.tools.gpu_check.decode import PIXEL_TOLERANCE, decode_rows
+from {{ cookiecutter.package }}.tools.gpu_check.plan import Budget, planned
+from {{ cookiecutter.package }}.tools.trials import as_overrides
 
-from conftest import CONF, CPU_ONLY, PACKAGE, PROJECT, tiny
+from conftest import CONF, CPU_ONLY, PACKAGE, PROJECT, hydra_run, tiny
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1"
 skipped="1" tests="5"></testsuite></testsuites>"""
@@ -42,7 +46,7 @@ def test_a_key_it_does_not_know_is_refused_in_one_line_before_anything_runs(tmp_
         "error: +gpu_check.run_timout_s: no such key; did you mean gpu_check.run_timeout_s?"]
 
 
-@pytest.mark.parametrize("section", ["pipelines", "split_off"])
+@pytest.mark.parametrize("section", ["pipelines", "steps", "split_off"])
 def test_a_section_left_out_is_refused_in_one_line_before_anything_runs(section, tmp_path):
     from {{ cookiecutter.package }}.core.errors import ConfigError
 
@@ -51,8 +55,8 @@ def test_a_section_left_out_is_refused_in_one_line_before_anything_runs(section,
     with pytest.raises(ConfigError) as refused:
         gpu_check(cfg, tmp_path)
     assert str(refused.value) == (
-        f"~gpu_check.{section}: the report is built of every section; leave out entries of gpu_check.pipelines or "
-        "gpu_check.compute instead, such as ~gpu_check.compute.fp32_compile")
+        f"~gpu_check.{section}: the report is built of every section; leave out entries of gpu_check.pipelines, "
+        "gpu_check.models or gpu_check.steps instead, such as ~gpu_check.steps.compile")
     assert not list(tmp_path.iterdir())
 
 
@@ -82,15 +86,18 @@ def test_sweep_reports_each_run_beside_the_ceiling_and_records_failures(tmp_path
     check.ceiling = ["prefetcher=resident"]
     check.pipelines = OmegaConf.create({"real": ["prefetcher=none", "loader.num_workers=1"],
                                         "nvjpeg": ["prefetcher=none", "decoder=nvjpeg"]})
-    check.compute = OmegaConf.create({"bf16": ["prefetcher=resident", "precision=bf16"]})
+    check.models = OmegaConf.create({"small": ["data.crop_size=16", "data.val_resize=16"]})
+    check.steps = OmegaConf.create({"eager": ["prefetcher=resident"], "bf16": ["prefetcher=resident", "precision=bf16"]})
+    check.decode.images, check.decode.repeats, check.decode.backends = 4, 1, ["torchvision"]
     check.bench = ["bench.decoders=[pil,nvjpeg]", "bench.formats=[folder]", "bench.num_workers=[0]",
                    "bench.batch_size=4", "bench.timed_epochs=1"]
-    report = gpu_check(cfg, tmp_path).read_text()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):  # as hydra.main's: the decode stage composes
+        report = gpu_check(cfg, tmp_path).read_text()
 
     with (tmp_path / "gpu_check.csv").open() as file:
         rows = {row["name"]: row for row in csv.DictReader(file)}
-    assert [name for name in rows if rows[name]["section"] != "bench"] == [
-        "ceiling", "real", "nvjpeg", "bf16", "split_off", "ceiling_again"]
+    assert [name for name in rows if rows[name]["section"] not in ("bench", "decode")] == [
+        "ceiling", "real", "nvjpeg", "small/eager", "small/bf16", "split_off", "ceiling_again"]
     ceiling = float(rows["ceiling"]["images_per_s"])
     assert ceiling > 0 and float(rows["ceiling"]["vs_ceiling"]) == 1.0
     real = rows["real"]
@@ -102,7 +109,13 @@ def test_sweep_reports_each_run_beside_the_ceiling_and_records_failures(tmp_path
     assert rows["nvjpeg"]["status"] == "failed: decoder=nvjpeg decodes on the GPU and this run has none: pass " \
                                        f"decoder.on_cpu=true to run its batched path on the CPU, or pick decoder={options.fastest_cpu_decoder()}"
     assert rows["ceiling"]["bound"] == "compute" and rows["ceiling"]["device"].startswith("cpu")
+    bf16 = rows["small/bf16"]
+    assert bf16["status"] == "ok" and "data.crop_size=16" in bf16["command"] and bf16["vs_ceiling"] == ""
+    eager = float(rows["small/eager"]["images_per_s"])
+    ratio = float(bf16["images_per_s"]) / eager
+    assert abs(float(bf16["vs_eager"]) - ratio) < 0.001 + 0.05 * (1 + ratio) / eager, (bf16, eager)
     assert "train.host_split=false" in rows["split_off"]["command"] and rows["split_off"]["status"] == "ok"
+    assert rows["nvjpeg/torchvision"]["status"] == "ok" and rows["nvjpeg/torchvision"]["section"] == "decode"
     bench = [row for row in rows.values() if row["section"] == "bench"]
     assert {row["name"] for row in bench} >= {"pil/folder/w0", "baseline/folder/w0", "nvjpeg/folder/w0"}
 
@@ -110,4 +123,61 @@ def test_sweep_reports_each_run_beside_the_ceiling_and_records_failures(tmp_path
     best = re.search(r"Best real pipeline: real, ([\d.]+)% of the ceiling\.", report)
     assert best and abs(float(best[1]) - 100 * float(real["vs_ceiling"])) < 0.2  # the CSV rounds its figures
     assert "| nvjpeg | | | | | | failed: decoder=nvjpeg decodes on the GPU" in report
+    assert re.search(r"\| small \| \d+ \(×1\.00\) \| \d+ \(×\d\.\d\d\) \|", report), report
     assert "the ceiling run twice differed by" in report and "| pil | folder | 0 |" in report
+
+
+def check_cfg(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("gpu_check", ["gpu_check.allow_cpu=true", *overrides])
+
+
+def test_a_short_budget_skips_each_stage_with_a_line_and_runs_nothing(tmp_path, caplog):
+    caplog.set_level("INFO")
+    report = gpu_check(check_cfg("gpu_check.minutes=0.2"), tmp_path).read_text()  # 12 s: less than any stage
+    with (tmp_path / "gpu_check.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert len(rows) == 2 + len(planned(check_cfg())) and not (tmp_path / "runs").exists()
+    for row in rows:
+        assert re.fullmatch(r"skipped: 1?\d s of gpu_check.minutes left, and a (decode|run|compiled) run takes "
+                            r"about (30|90) s \(gpu_check.expect_s.\w+\)", row["status"]), row
+    assert "bench: skipped: " in caplog.text and "| nvjpeg/torchvision | | | skipped: " in report
+
+
+def test_a_run_of_a_kind_that_ran_is_expected_to_take_as_long_as_the_longest_of_them():
+    budget = Budget(1.0, {"run": 30, "compiled": 90})
+    assert budget.skip("run") is None and budget.skip("compiled") == (
+        "skipped: 60 s of gpu_check.minutes left, and a compiled run takes about 90 s (gpu_check.expect_s.compiled)")
+    budget.took("compiled", 20.0)
+    budget.took("compiled", 45.0)
+    assert budget.skip("compiled") is None and budget.measured == {"compiled": 45.0}
+    budget.took("run", 75.0)
+    assert "a run run takes about 75 s (the longest of them here)" in budget.skip("run")
+    assert Budget(None, {"run": 1e9}).skip("run") is None and Budget(None, {}).timeout(420) == 420
+
+
+def test_every_command_of_every_stage_composes_and_passes_the_start_up_checks(tmp_path):
+    """The GPU check's dry run: each run it would start is a command line train accepts, its compile mode too,
+    whatever the machine (an option's missing package is the run's row to report, not the command's fault)."""
+    from {{ cookiecutter.package }}.core.config import check_values
+    from {{ cookiecutter.package }}.loop.compile import check_mode
+
+    trials = planned(check_cfg())
+    assert len(trials) == 1 + 4 + 2 * 4 + 2  # the ceiling, 4 pipelines, 2 models x 4 steps, the split's two
+    for _, trial in trials:
+        with hydra_run("train", as_overrides(trial.change), tmp_path / trial.name.replace("/", "-")) as cfg:
+            check_values(cfg)
+            check_mode(cfg.model.compile, cfg.model.compile_mode, cfg.train.accumulate, 1)
+    assert {trial.change.get("model.compile_mode") for _, trial in trials} == {None, "reduce-overhead"}
+
+
+def test_nvjpeg_decodes_as_pillow_does_on_each_backend_here(tiny_root):
+    files = sorted((tiny_root / "train").rglob("*.JPEG"))[:6]
+    rows = {row["name"]: row for row in decode_rows(files, torch.device("cpu"), ["torchvision", "torchcodec"], 2)}
+    for backend, row in rows.items():
+        if row["status"].startswith("not run: "):
+            assert backend == "nvjpeg/torchcodec", row  # torchvision comes with torch
+            continue
+        assert row["status"] == "ok" and row["images_per_s"] > 0, row
+        mean, largest = re.fullmatch(r"mean ([\d.]+), max (\d+)", row["vs_pillow"]).groups()
+        assert float(mean) <= PIXEL_TOLERANCE and int(largest) <= 255
