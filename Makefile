@@ -22,7 +22,8 @@ BASE_DIR := build/base
 BASE_PROJECT := $(BASE_DIR)/fasttrain-project
 BASE_VENV := build/base-venv
 
-# make gpu-check: GPU_PYTHON (default python3) is the GPU machine's Python with its CUDA torch.
+# make gpu-check: GPU_PYTHON (default python3) is the GPU machine's Python with its CUDA torch; GPU_CHECK_MINUTES
+# the time at hand; GPU_CHECK_FASHION_MNIST a folder of Fashion-MNIST's IDX files, for the accuracy rows.
 # make wheelhouse: WHEEL_PYTHON (such as 3.12) and WHEELHOUSE_SKIP ("torch torchvision ...") describe the target.
 WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?=

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# `make gpu-check`: prove a CUDA machine with a freshly baked project. Runs its `gpu` tests, then its GPU
-# benchmark (python -m <package>.gpu_check), and leaves report.md, gpu_check.csv and the tests' results in
-# $GPU_CHECK_DIR/report. Uses the machine's own torch (GPU_PYTHON's); installs only what that Python lacks,
-# from $WHEELHOUSE with no network when that folder exists (make wheelhouse).
+# `make gpu-check`: prove a CUDA machine with a freshly baked project, within GPU_CHECK_MINUTES when given. In
+# order: its `gpu` tests, its GPU benchmark (python -m <package>.gpu_check: nvJPEG against Pillow, pipelines beside
+# the ceiling, each model eager / compiled / CUDA graphs / fused), then the accuracy rows on Fashion-MNIST where
+# GPU_CHECK_FASHION_MNIST names its IDX folder. Each stage that would not end in the time left is skipped with a
+# line. Leaves report.md, gpu_check.csv (rewritten as each run ends) and the tests' results in $GPU_CHECK_DIR/report.
+# Uses the machine's own torch (GPU_PYTHON's); installs only what that Python lacks, from $WHEELHOUSE with no
+# network when that folder exists (make wheelhouse).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${GPU_PYTHON:-python3}
@@ -11,6 +14,11 @@ OUT=${GPU_CHECK_DIR:-build/gpu-check}
 PROJECT=fasttrain-project
 PACKAGE=fasttrain_project
 started=$(date +%s)
+MINUTES=${GPU_CHECK_MINUTES:-}
+# How long the gpu tests take: 104 s on one H200 (docs/benchmarks.md).
+TESTS_S=110
+
+seconds_left() { if [ -n "$MINUTES" ]; then echo $(( MINUTES * 60 - ($(date +%s) - started) )); else echo 999999; fi; }
 
 fail() { echo "error: $*" >&2; exit 1; }
 
@@ -63,11 +71,28 @@ dali="nvidia-dali-cuda$("$VENV_PY" -c 'import torch; print(torch.version.cuda.sp
 
 cd "$OUT/$PROJECT"
 tests=0
-PYTHONUNBUFFERED=1 "$VENV_PY" -m pytest -m gpu -p no:cacheprovider -q -rfEs --junitxml ../report/gpu-tests.xml \
-  | tee ../report/gpu-tests.txt || tests=$?
-# GPU_CHECK_ARGS: more overrides for the benchmark, such as "~gpu_check.compute.fp32_compile" to leave a run out.
+tests_xml=null
+if [ "$(seconds_left)" -ge "$TESTS_S" ]; then
+  PYTHONUNBUFFERED=1 "$VENV_PY" -m pytest -m gpu -p no:cacheprovider -q -rfEs --junitxml ../report/gpu-tests.xml \
+    | tee ../report/gpu-tests.txt || tests=$?
+  tests_xml="$(cd ../report && pwd)/gpu-tests.xml"
+else
+  echo "gpu-check: gpu tests skipped: $(seconds_left) s of GPU_CHECK_MINUTES=$MINUTES left, and they take about $TESTS_S s"
+fi
+minutes=null
+[ -z "$MINUTES" ] || minutes=$(awk "BEGIN { print $(seconds_left) / 60 }")
+# GPU_CHECK_ARGS: more overrides for the benchmark, such as "~gpu_check.steps.compile" to leave runs out.
 # shellcheck disable=SC2086
-PYTHONUNBUFFERED=1 "$VENV_PY" -m "$PACKAGE.gpu_check" hydra.run.dir=../report \
-  gpu_check.tests_xml="$(cd ../report && pwd)/gpu-tests.xml" ${GPU_CHECK_ARGS:-} | tee ../report/gpu-check.txt
+PYTHONUNBUFFERED=1 "$VENV_PY" -m "$PACKAGE.gpu_check" hydra.run.dir=../report gpu_check.minutes="$minutes" \
+  gpu_check.tests_xml="$tests_xml" ${GPU_CHECK_ARGS:-} | tee ../report/gpu-check.txt
+if [ -n "${GPU_CHECK_FASHION_MNIST:-}" ] && [ "$(seconds_left)" -lt 120 ]; then
+  echo "gpu-check: accuracy rows skipped: $(seconds_left) s of GPU_CHECK_MINUTES=$MINUTES left, and one row of 3 seeds takes minutes"
+elif [ -n "${GPU_CHECK_FASHION_MNIST:-}" ]; then
+  # The accuracy table is rewritten whole as each row ends: stopped at the time left, it keeps the rows it finished.
+  "$VENV_PY" scripts/fashion_mnist.py ../fashion-mnist --idx "$GPU_CHECK_FASHION_MNIST" \
+    && timeout "$(seconds_left)" "$VENV_PY" scripts/accuracy.py ../fashion-mnist --work ../accuracy --device cuda \
+      --jobs 5 --workers 2 --out ../report/accuracy.md \
+    || echo "gpu-check: the accuracy rows ended early (the time left, or the failure above); report/accuracy.md keeps those finished"
+fi
 echo "gpu-check: $(( $(date +%s) - started )) s in all; report in $OUT/report/report.md"
 [ "$tests" = 0 ] || fail "gpu tests failed (pytest exit $tests): see $OUT/report/gpu-tests.txt"
