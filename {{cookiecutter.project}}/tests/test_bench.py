@@ -210,7 +210,7 @@ def test_a_pack_is_keyed_by_its_trees_index_and_read_again_while_that_is_unchang
     pack_dir = tmp_path / "packs"
 
     def train_split(tree):
-        source = Source(root=tree, crop_size=32, val_resize=36, on_error="skip")
+        source = Source(root=tree, crop_size=32, val_resize=36, train_crop_size=32, on_error="skip")
         return stores_for(PACKED, source, pack_dir, tree_key(tree), TENSOR_SHORT_SIDE).train
 
     assert [len(train_split(tree)) for tree in trees] == [len(open_tree(tree)[0]) for tree in trees]

@@ -162,20 +162,22 @@ def test_compile_is_done_before_training_and_leaves_no_trace(caplog):
 
 
 @pytest.mark.full  # torch.compile builds its kernels, 4 s
-def test_compile_warm_up_covers_the_first_step_and_validation_in_channels_last():
-    """Compiled for other strides or with gradients only, the first step or validation would compile again."""
+@pytest.mark.parametrize("val_side", [8, 12], ids=["same-side", "validated-larger"])
+def test_compile_warm_up_covers_the_first_step_and_validation_in_channels_last(val_side):
+    """Compiled for other strides, with gradients only or at the training side only (data.train_crop_size), the
+    first step or validation would compile again."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     model = tiny_model().to(memory_format=torch.channels_last)
     images = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
-    fast = compiled(model, True, images.shape, Precision("fp32", CPU), torch.channels_last)
+    fast = compiled(model, True, images.shape, Precision("fp32", CPU), torch.channels_last, val_side=val_side)
     graphs = counters["stats"]["unique_graphs"]
     fast.train()
     fast(images).sum().backward()
     fast.eval()
     with torch.no_grad():
-        fast(images)
+        fast(torch.randn(4, 3, val_side, val_side).contiguous(memory_format=torch.channels_last))
     assert graphs >= 2 and counters["stats"]["unique_graphs"] == graphs
 
 

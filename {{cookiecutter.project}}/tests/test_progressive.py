@@ -1,8 +1,10 @@
 """Progressive resizing (data.start_crop_size, data.crop_ramp_epochs): the training crop grows epoch by epoch to
-data.crop_size, the workers cut each epoch's size, and validation stays at data.crop_size."""
+data.crop_size (or data.train_crop_size), the workers cut each epoch's size, and validation stays at
+data.crop_size."""
 import pytest
 
 from {{ cookiecutter.package }}.core.errors import ConfigError
+from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.crops import CropSchedule, TrainCrop
 
 
@@ -29,3 +31,15 @@ def test_a_crop_takes_its_epochs_size():
 def test_a_start_beyond_the_crop_or_a_ramp_backwards_is_refused_in_one_line(start, ramp, key):
     with pytest.raises(ConfigError, match=rf"^{key} "):
         CropSchedule(224, start=start, ramp=ramp)
+
+
+def test_a_start_beyond_the_training_side_names_the_key_that_set_it():
+    with pytest.raises(ConfigError, match=r"^data.start_crop_size=24 must be from 8 to data.train_crop_size=16: "):
+        sources.crops(32, 16, 24, (0, 2))
+    assert sources.crops(32, None, None, (0, 0))["train_crop_size"] == 32
+
+
+@pytest.mark.parametrize("value", ["abc", 1.5, True])
+def test_a_training_side_that_is_not_a_whole_number_is_refused_in_one_line(value):
+    with pytest.raises(ConfigError, match=rf"^data.train_crop_size={value!r} is not a whole number of pixels, nor null$"):
+        sources.crops(32, value, None, (0, 0))

@@ -204,9 +204,17 @@ def test_a_run_cut_and_resumed_with_mixup_cutmix_and_dropout_ends_with_the_unint
     assert [name for name in whole if not torch.equal(whole[name], resumed[name])] == []
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_progressive_sizes_reach_the_workers_each_epoch_and_validation_keeps_the_crop_size(train_in_process,
-                                                                                           monkeypatch, workers):
+PROGRESSIVE = ("data.start_crop_size=16", "data.crop_ramp_epochs=[0,2]", "train.epochs=3")
+
+
+@pytest.mark.parametrize(("overrides", "sizes"), [
+    ((*PROGRESSIVE, "loader.num_workers=0"), [16] * 6 + [24] * 6 + [32] * 6),  # 6 batches an epoch
+    ((*PROGRESSIVE, "loader.num_workers=2"), [16] * 6 + [24] * 6 + [32] * 6),
+    # FixRes: trained at 16 (its ramp from 8 ending there), validated and served at data.crop_size, 32
+    (("data.train_crop_size=16", "data.start_crop_size=8", "data.crop_ramp_epochs=[0,1]", "train.epochs=2",
+      "loader.num_workers=2"), [8] * 6 + [16] * 6)], ids=["progressive-0", "progressive-2", "train_crop_size"])
+def test_training_sizes_reach_the_workers_each_epoch_and_validation_keeps_the_crop_size(train_in_process,
+                                                                                        monkeypatch, overrides, sizes):
     from {{ cookiecutter.package }} import train as train_module
     from {{ cookiecutter.package }}.loop.mix import BatchMix
 
@@ -221,7 +229,8 @@ def test_progressive_sizes_reach_the_workers_each_epoch_and_validation_keeps_the
                         *args, **kwargs)
 
     monkeypatch.setattr(train_module, "evaluate", recording)
-    train_in_process("data.start_crop_size=16", "data.crop_ramp_epochs=[0,2]", "train.epochs=3",
-                     f"loader.num_workers={workers}")
-    assert [shape[0] for shape in trained] == [16] * 6 + [24] * 6 + [32] * 6  # 6 batches an epoch
-    assert all(shape == (32, 32) for shape in trained[-6:]) and {tuple(shape) for shape in validated} == {(32, 32)}
+    train_in_process(*overrides)
+    assert [tuple(shape) for shape in trained] == [(size, size) for size in sizes]
+    assert {tuple(shape) for shape in validated} == {(32, 32)}
+    held = torch.load(train_in_process.run_dir / "last.pt", map_location="cpu", weights_only=False)
+    assert held["inference"]["preprocessing"]["crop_size"] == 32  # what evaluate, predict and export cut

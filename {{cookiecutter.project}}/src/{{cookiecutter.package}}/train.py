@@ -84,8 +84,9 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     # After wrapping, whose sync_bn replaces every BatchNorm layer: the frozen ones must be the layers that run.
     freeze = FrozenBackbone(distributed.unwrap(model), cfg.train.freeze_epochs, outputs, network.name,
                             pretrained is not None)
-    model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, cfg.data.crop_size, cfg.data.crop_size),
-                     precision, memory_format, cfg.model.compile_mode)
+    side = loaders.train_crop_size
+    model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, side, side), precision, memory_format,
+                     cfg.model.compile_mode, val_side=cfg.data.crop_size)
     average = WeightAverage(model, cfg.train.ema_decay)  # before the injected host delay, which it would copy
     faults.slow_host(model, injected.host_delay_ms)
     optimizer = build(cfg.optim, model=model)

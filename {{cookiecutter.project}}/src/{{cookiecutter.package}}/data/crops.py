@@ -19,20 +19,21 @@ class CropSchedule:
     final: int
     start: int | None = None
     ramp: tuple[int, int] = (0, 0)
+    final_key: str = "data.crop_size"  # the key that set `final`, as the refusals name it
 
     def __post_init__(self):
         if self.start is not None and not 8 <= self.start <= self.final:
-            raise ConfigError(f"data.start_crop_size={self.start} must be from 8 to data.crop_size={self.final}: "
-                              "progressive resizing grows the crop to data.crop_size; null trains at it throughout")
+            raise ConfigError(f"data.start_crop_size={self.start} must be from 8 to {self.final_key}={self.final}: "
+                              f"progressive resizing grows the crop to {self.final_key}; null trains at it throughout")
         ramp = self.ramp
         if not (isinstance(ramp, Sequence) and len(ramp) == 2 and all(isinstance(epoch, int) for epoch in ramp)
                 and 0 <= ramp[0] <= ramp[1]):
             shown = list(ramp) if isinstance(ramp, Sequence) and not isinstance(ramp, str) else ramp
             raise ConfigError(f"data.crop_ramp_epochs={shown} is not [first, last] epochs (from 0, first <= last) "
-                              "over which the crop grows from data.start_crop_size to data.crop_size, such as [0,6]")
+                              f"over which the crop grows from data.start_crop_size to {self.final_key}, such as [0,6]")
         if self.start is not None and self.start < self.final and ramp[1] == 0:  # the ramp ends before epoch 0
             raise ConfigError(f"data.start_crop_size={self.start} with data.crop_ramp_epochs={list(ramp)} trains every "
-                              f"epoch at data.crop_size={self.final}: pass the epochs over which the crop grows, such "
+                              f"epoch at {self.final_key}={self.final}: pass the epochs over which the crop grows, such "
                               "as data.crop_ramp_epochs=[0,6]")
         object.__setattr__(self, "ramp", tuple(ramp))  # a command line's list, kept as the pair it is
 

@@ -46,6 +46,11 @@ class Loaders:
     def classes(self) -> list[str]:
         return self.splits.classes
 
+    @property
+    def train_crop_size(self) -> int:
+        """The side the training crop ends at: data.crop_size, or data.train_crop_size where one is set."""
+        return self.splits.train.crop.schedule.final
+
     def crop_sizes(self, epochs: int) -> set[int]:
         """The training crop's sides over `epochs` epochs: one, unless the crop grows (progressive resizing)."""
         return self.splits.train.crop.schedule.sizes(epochs)
@@ -192,7 +197,7 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     plain = splits.train.transform
     if augment is not None:  # 7: the augmentation policy; evaluate's loaders have none
         splits.train.transform = build(augment, transform=plain, decoder=decoding)
-    work = work_of(decoding, source.crop_size, splits.train.transform if splits.train.transform is not plain else None)
+    work = work_of(decoding, source.train_crop_size, splits.train.transform if splits.train.transform is not plain else None)
     if faults.worker_error_at > 0 or faults.read_delay_ms > 0:
         splits.train.transform = FaultyReads(splits.train.transform, faults.worker_error_at,
                                              faults.read_delay_ms / 1000)

@@ -19,13 +19,14 @@ log = logging.getLogger(__name__)
 class Source:
     """What the data group says: where the JPEG tree is (if anywhere) and the crops to train and validate on."""
     root: Path | None
-    crop_size: int
+    crop_size: int  # validation's, and inference's: the side the model is judged and served at
     val_resize: int
+    train_crop_size: int  # training's final side: crop_size, or lower to train faster and test higher (FixRes)
     on_error: str
     max_bad_fraction: float = 0.01
     mean: tuple[float, ...] = IMAGENET_MEAN  # per channel, in 0..1 of the pixel range
     std: tuple[float, ...] = IMAGENET_STD
-    crop_schedule: CropSchedule | None = None  # progressive resizing of the training crop; None: crop_size throughout
+    crop_schedule: CropSchedule | None = None  # progressive resizing of the training crop; None: its side throughout
 
 
 def channels(key: str, values, default: tuple[float, ...]) -> tuple[float, ...]:
@@ -42,8 +43,19 @@ def channels(key: str, values, default: tuple[float, ...]) -> tuple[float, ...]:
     return numbers
 
 
+def crops(crop_size: int, train_crop_size: int | None, start_crop_size: int | None, crop_ramp_epochs) -> dict:
+    """The Source's training side and crop schedule: training ends at data.train_crop_size where one is set (trained
+    at a lower side than it is validated at, as FixRes does: arXiv:1906.06423), else at data.crop_size."""
+    for key, value in (("data.train_crop_size", train_crop_size), ("data.start_crop_size", start_crop_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{key}={value!r} is not a whole number of pixels, nor null")
+    side, key = (crop_size, "data.crop_size") if train_crop_size is None else (train_crop_size, "data.train_crop_size")
+    return {"train_crop_size": side, "crop_schedule": CropSchedule(side, start_crop_size, crop_ramp_epochs, key)}
+
+
 def folder(root: str | None, crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01,
-           mean=None, std=None, start_crop_size: int | None = None, crop_ramp_epochs=(0, 0)) -> Source:
+           mean=None, std=None, start_crop_size: int | None = None, crop_ramp_epochs=(0, 0),
+           train_crop_size: int | None = None) -> Source:
     """A tree in the ImageNet layout: root/train/<class>/* and root/val/<class>/*."""
     path = Path(root).expanduser() if root else None
     if path is not None and path.is_file():
@@ -53,12 +65,13 @@ def folder(root: str | None, crop_size: int, val_resize: int, on_error: str, max
     return Source(root=path, crop_size=crop_size, val_resize=val_resize, on_error=on_error,
                   max_bad_fraction=max_bad_fraction, mean=channels("data.mean", mean, IMAGENET_MEAN),
                   std=channels("data.std", std, IMAGENET_STD),
-                  crop_schedule=CropSchedule(crop_size, start_crop_size, crop_ramp_epochs))
+                  **crops(crop_size, train_crop_size, start_crop_size, crop_ramp_epochs))
 
 
 def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_dir: str,
               crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01, mean=None,
-              std=None, start_crop_size: int | None = None, crop_ramp_epochs=(0, 0)) -> Source:
+              std=None, start_crop_size: int | None = None, crop_ramp_epochs=(0, 0),
+              train_crop_size: int | None = None) -> Source:
     """The built-in data set, written once per size into cache_dir and reused."""
     root = Path(cache_dir).expanduser() / f"c{num_classes}-t{train_per_class}-v{val_per_class}"
     if not (root / "val").is_dir():
@@ -67,7 +80,7 @@ def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_
     return Source(root=root, crop_size=crop_size, val_resize=val_resize, on_error=on_error,
                   max_bad_fraction=max_bad_fraction, mean=channels("data.mean", mean, IMAGENET_MEAN),
                   std=channels("data.std", std, IMAGENET_STD),
-                  crop_schedule=CropSchedule(crop_size, start_crop_size, crop_ramp_epochs))
+                  **crops(crop_size, train_crop_size, start_crop_size, crop_ramp_epochs))
 
 
 def fit_preprocessing(data: DictConfig, own: Preprocessing | None, chosen: set[str]) -> Preprocessing:

@@ -44,7 +44,7 @@ class Settings:
     cuda_graphs: bool = False  # model.compile_mode records the step as CUDA graphs
     graphs_refused: str | None = None  # why this run could not replay CUDA graphs (loop/compile.py), if it could not
     cudnn: str = "default"
-    crop_size: int = 224
+    crop_size: int = 224  # the training crop's (final) side
     choices: dict[str, str] = field(default_factory=dict)  # group -> option picked
 
     def option(self, group: str) -> str:

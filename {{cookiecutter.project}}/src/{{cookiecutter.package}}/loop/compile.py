@@ -60,10 +60,11 @@ def mark_step(module: torch.nn.Module, args: tuple) -> None:
 
 
 def compiled(model: torch.nn.Module, enabled: bool, batch_shape: tuple[int, ...], precision,
-             memory_format: torch.memory_format = torch.contiguous_format, mode: str = "default") -> torch.nn.Module:
-    """torch.compile(model, mode=mode), compiled now on a batch of zeros, which leaves no trace: a training pass
-    (forward and backward) and a validation one (forward without gradients), each a graph of its own; with CUDA
-    graphs, each pass until its graph replays.
+             memory_format: torch.memory_format = torch.contiguous_format, mode: str = "default",
+             val_side: int | None = None) -> torch.nn.Module:
+    """torch.compile(model, mode=mode), compiled now on batches of zeros, which leave no trace: a training pass
+    (forward and backward) at `batch_shape` and a validation one (forward without gradients) at `val_side` pixels
+    (None: the training side), each a graph of its own; with CUDA graphs, each pass until its graph replays.
 
     The zeros have the inputs' memory format: compiled for other strides, the first real step would compile
     again. The training pass updates the normalisation layers' running statistics, which are put back after it.
@@ -72,6 +73,8 @@ def compiled(model: torch.nn.Module, enabled: bool, batch_shape: tuple[int, ...]
         return model
     images = torch.zeros(batch_shape, device=next(model.parameters()).device).contiguous(
         memory_format=memory_format)  # only a compiled run needs it
+    val_images = images if val_side is None else torch.zeros(
+        (*batch_shape[:2], val_side, val_side), device=images.device).contiguous(memory_format=memory_format)
     graphs = uses_graphs(mode) and images.device.type == "cuda"
     if uses_graphs(mode) and not graphs:
         log.info("model.compile_mode=%s: CUDA graphs need a CUDA device; compiling for %s without them", mode,
@@ -88,7 +91,7 @@ def compiled(model: torch.nn.Module, enabled: bool, batch_shape: tuple[int, ...]
         output.float().sum().backward()
         model.eval()
         with torch.no_grad(), precision.autocast():
-            model(images)
+            model(val_images)
     if images.device.type == "cuda":
         torch.cuda.synchronize(images.device)
     seconds = time.perf_counter() - start

@@ -208,7 +208,7 @@ def time_row(row: Row, stores: Stores, decoder: Decoder, source: Source, setting
     def uploads(batches):
         return splits.decoder.uploads(batches, device, True)
 
-    count = pick_num_workers(row.workers, splits.train, settings.batch_size, work_of(decoder, source.crop_size),
+    count = pick_num_workers(row.workers, splits.train, settings.batch_size, work_of(decoder, source.train_crop_size),
                              lambda count: uploads(loader_with(count)), decodes_beside=decoder.queued_batches > 0,
                              device=device, setting="bench.num_workers",
                              data=f"{source.root}|{row.format}|{row.staging}")
@@ -236,7 +236,7 @@ def reference_rows(workers: int | str, references: Ceilings, source: Source, set
     references.measure()
     cores = cores_for(workers)
     baseline_workers = cores if workers == "auto" else workers  # a worker per core, as its users pass -j
-    baseline_rate, baseline_bad = baseline(source.root, source.crop_size, settings.batch_size, baseline_workers,
+    baseline_rate, baseline_bad = baseline(source.root, source.train_crop_size, settings.batch_size, baseline_workers,
                                            settings.timed_epochs, device)
     region = (f"{references.region.decoder} decodes the training crop's region only, 1 process x {cores} cores, "
               "files in memory") if references.region else "not run: no decoder here decodes a region"
@@ -266,7 +266,7 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     cache = f"warm: read once in warm-up; {data_mb:.0f} MB vs {psutil.virtual_memory().available / 1e9:.0f} GB free RAM"
     fallback = options.fastest_cpu_decoder()
     references = Ceilings(source.root, cpu_decoders or {fallback: make_decoder(fallback, settings.batch_size, device, {})},
-                          source.crop_size)
+                          source.train_crop_size)
     written = BenchCsv(run_dir / "bench.csv", cache, device)
     pack_dir, key = Path(settings.pack_dir).expanduser(), tree_key(source.root)
     nodes = {format: format_node(format, source, pack_dir, key, settings.short_side) for format in settings.formats}

@@ -67,7 +67,7 @@ def pack_offer(cfg: DictConfig, summary: Summary, ranks: Ranks) -> PackOffer | N
     source = build(cfg.data)
     if source.root is None or not single_node:
         return None
-    return PackOffer(source.root, source.crop_size, cfg.tune.pack_dir, source.on_error)
+    return PackOffer(source.root, source.train_crop_size, cfg.tune.pack_dir, source.on_error)
 
 
 def sweep(key: str, values, current: str | None = None) -> list[dict[str, str]]:
