@@ -128,8 +128,9 @@ def test_timm_weights_come_from_the_hugging_face_cache_and_their_normalisation_r
     with hydra_run("train", overrides, run_dir) as cfg:
         run = make_run(cfg, run_dir, setup(1.0), Forensics(run_dir, 10.0, False))
     run.clock.close()
-    assert run.model.fc.out_features == 3
-    starts_from(run.model, {**timm_cache, "fc.weight": run.model.fc.weight, "fc.bias": run.model.fc.bias}, "fc")
+    model = run.weights.model
+    assert model.fc.out_features == 3
+    starts_from(model, {**timm_cache, "fc.weight": model.fc.weight, "fc.bias": model.fc.bias}, "fc")
     black_and_white = torch.tensor([0, 255], dtype=torch.uint8).view(1, 1, 2, 1).expand(1, 1, 2, 3)  # NHWC
     extremes = (black_and_white, torch.tensor([0]))
     for to_device in (run.loaders.train.to_device, run.loaders.val.to_device):  # the weights' 0.5, not ImageNet's

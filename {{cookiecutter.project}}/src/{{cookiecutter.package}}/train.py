@@ -24,36 +24,28 @@ from . import options
 from .core import distributed, failures, faults
 from .core import record as run_record
 from .core.config import build, chosen_keys
-from .core.errors import ConfigError
 from .core.distributed import World
 from .core.forensics import Forensics
 from .core.hardware import probe
 from .data.coverage import Coverage
-from .data.loaders import make_loaders
 from .data.sources import fit_preprocessing
 from .diagnosis.ranks import spread
 from .diagnosis.report import format_report, summarize
 from .diagnosis.summary import Summary
 from .diagnosis.sysmon import SystemMonitor
 from .loop import cudnn
-from .loop.accumulate import GradientAccumulation
 from .loop.accuracy import time_to_accuracy
-from .loop.average import WeightAverage
+from .loop.assemble import make_data, make_limits, make_optimization, make_weights
 from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
-from .loop.draws import BatchSeeds
 from .loop.clock import make_clock
-from .loop.compile import check_mode, compiled
 from .loop.evaluate import evaluate, shows_top5
 from .loop.logger import NullLogger
 from .loop.meter import TrainMeter
-from .loop.mix import BatchMix
-from .loop.freeze import FrozenBackbone
-from .loop.model import load_weights, make_model
+from .loop.model import load_weights
 from .loop.precision import make_precision
 from .loop.preempt import Preempted, StopRequest
 from .loop.profiler import NoProfiler
 from .loop.run import Run, keep_progress
-from .loop.schedule import LearningRate
 
 log = logging.getLogger(__name__)
 
@@ -66,60 +58,36 @@ def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics,
     network = build(cfg.model)
     pretrained = load_weights(network)  # before the data: its preprocessing is the weights' own, unless set
     preprocessing = fit_preprocessing(cfg.data, pretrained and pretrained.preprocessing, chosen_keys(cfg, "data"))
-    loaders = make_loaders(cfg.data, cfg.format, cfg.staging, cfg.order, cfg.decoder, cfg.prefetcher, cfg.loader,
-                           batch_size=cfg.train.batch_size, seed=cfg.seed, world=world, memory_format=memory_format,
-                           faults=injected, augment=cfg.augment)
-    if not len(loaders.train):  # an epoch without a batch would never end
-        each = len(loaders.splits.train) // world.size
-        raise ConfigError(f"train.batch_size={cfg.train.batch_size} is more than the {each} training images each of "
-                          f"the {world.size} process(es) gets, so an epoch has no full batch: pass "
-                          f"train.batch_size={max(1, each)} or less")
-    check_mode(cfg.model.compile, cfg.model.compile_mode, cfg.train.accumulate,
-               len(loaders.crop_sizes(cfg.train.epochs)))  # before the model is built
+    loaders = make_data(cfg, world, memory_format, injected)
     hardware = probe(device)
     precision = make_precision(cfg.precision, device, hardware)
-    model = make_model(network, pretrained, len(loaders.classes)).to(device, memory_format=memory_format)
-    outputs = network.num_classes or len(loaders.classes)
-    model = world.wrap(model, cfg.distributed.sync_bn, partly_frozen=cfg.train.freeze_epochs > 0)
-    # After wrapping, whose sync_bn replaces every BatchNorm layer: the frozen ones must be the layers that run.
-    freeze = FrozenBackbone(distributed.unwrap(model), cfg.train.freeze_epochs, outputs, network.name,
-                            pretrained is not None)
-    side = loaders.train_crop_size
-    model = compiled(model, cfg.model.compile, (cfg.train.batch_size, 3, side, side), precision, memory_format,
-                     cfg.model.compile_mode, val_side=cfg.data.crop_size)
-    average = WeightAverage(model, cfg.train.ema_decay)  # before the injected host delay, which it would copy
-    faults.slow_host(model, injected.host_delay_ms)
-    optimizer = build(cfg.optim, model=model)
-    steps_per_epoch = math.ceil(len(loaders.train) / cfg.train.accumulate)  # optimizer steps
-    # The run's length shapes the schedule; train.max_steps, where this command stops, does not.
-    learning_rate = LearningRate(optimizer, build(cfg.schedule, epochs=cfg.train.epochs), len(loaders.splits.train))
+    classes = len(loaders.classes)
+    outputs = network.num_classes or classes
+    weights = make_weights(cfg, network, pretrained, loaders, outputs=outputs, world=world,
+                           precision=precision, memory_format=memory_format, injected=injected)
+    optimization = make_optimization(cfg, weights.model, outputs=outputs, images=len(loaders.splits.train),
+                                     world=world)
     resume_from, state = resume_state(cfg.resume, run_dir, world)
-    identity = {"model": cfg.model.name, "classes": len(loaders.classes)}
+    identity = {"model": cfg.model.name, "classes": classes}
     if state:
-        check_fits(state, distributed.unwrap(model), resume_from, identity)
+        check_fits(state, distributed.unwrap(weights.model), resume_from, identity)
     writes = world.is_main  # the other ranks get objects that write nothing
     checkpoints = Checkpoints(run_dir, writes, identity, Inference(  # what using the model needs beside its weights
         classes=loaders.classes, preprocessing=preprocessing, model=OmegaConf.to_container(cfg.model, resolve=True)))
-    run = Run(model=model, optimizer=optimizer, learning_rate=learning_rate, seeds=BatchSeeds(cfg.seed, world.rank),
-              criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing), precision=precision,
-              mix=BatchMix(cfg.train.mixup_alpha, cfg.train.cutmix_alpha, outputs),
-              accumulation=GradientAccumulation(cfg.train.accumulate),
-              loaders=loaders, clock=make_clock(device, cfg.train.host_split), meter=TrainMeter(device),
+    run = Run(weights=weights, optimization=optimization, precision=precision, loaders=loaders,
+              limits=make_limits(cfg.train), clock=make_clock(device, cfg.train.host_split), meter=TrainMeter(device),
               sysmon=SystemMonitor(device, loaders.splits.train.times, injected.nvml_fails_after, loaders.upload_times),
               logger=build(cfg.logger, run_dir=run_dir) if writes else NullLogger(),
               profiler=build(cfg.profiler, run_dir=run_dir) if writes else NoProfiler(),
-              checkpoints=checkpoints, stop=StopRequest(), forensics=forensics, world=world,
-              hardware=hardware, clip_grad_norm=cfg.train.clip_grad_norm,
-              log_every=cfg.train.log_every, max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None,
-              limit_val_batches=cfg.train.limit_val_batches if cfg.train.limit_val_batches > 0 else None,
-              coverage=Coverage(len(loaders.splits.train)), freeze=freeze, accuracy=accuracy, average=average)
+              checkpoints=checkpoints, stop=StopRequest(), forensics=forensics, world=world, hardware=hardware,
+              coverage=Coverage(len(loaders.splits.train)), accuracy=accuracy)
     if state:
         run.checkpoints.restore(run.parts(), state)
         log.info("resumed from %s at epoch %d, step %d (%d images of the epoch trained)", resume_from,
                  run.progress.epoch, run.progress.step, run.progress.images_in_epoch)
     log.info("%s on %s (%d process%s): %d classes, %d train / %d val images, %d steps per epoch per process",
-             cfg.model.name, device, world.size, "es" if world.size > 1 else "", len(loaders.classes),
-             len(loaders.splits.train), len(loaders.splits.val), steps_per_epoch)
+             cfg.model.name, device, world.size, "es" if world.size > 1 else "", classes,
+             len(loaders.splits.train), len(loaders.splits.val), math.ceil(len(loaders.train) / cfg.train.accumulate))
     return run
 
 
@@ -130,7 +98,7 @@ def end_window(run: Run, bar: tqdm) -> None:
     if window.steps:
         run.windows.append((window, system))
         run.logger.scalars({
-            **run.meter.lap(window), "train/lr": run.optimizer.param_groups[0]["lr"],
+            **run.meter.lap(window), "train/lr": run.optimization.optimizer.param_groups[0]["lr"],
             "train/skipped_steps": run.precision.skipped.item(), **window.scalars(), **system}, run.progress.step)
         bar.set_postfix_str(f"{window.images_per_s:.0f} img/s, data {100 * window.data_frac:.0f}%, "
                             f"host {100 * window.host_frac:.0f}%")
@@ -145,14 +113,15 @@ def step(run: Run, loss: torch.Tensor) -> None:
     """The optimizer step, from the gradients of the batches since the last one (`loss`: the last batch's), and the
     counts. A checkpoint is consistent before `run.updating` is set and after it is cleared, never in between; images
     whose gradients a failure loses before their step are not counted trained, so a resumed run trains them again."""
-    images = run.accumulation.finish(run.optimizer, run.world)  # a short last group: the mean of its batches
-    run.precision.clip(run.optimizer, run.clip_grad_norm)  # on the real gradients: fp16's are unscaled first
-    run.learning_rate.set(run.progress.epoch, run.progress.images_in_epoch)  # where this step starts
+    accumulation, optimizer = run.optimization.accumulation, run.optimization.optimizer
+    images = accumulation.finish(optimizer, run.world)  # a short last group: the mean of its batches
+    run.precision.clip(optimizer, run.limits.clip_grad_norm)  # on the real gradients: fp16's are unscaled first
+    run.optimization.learning_rate.set(run.progress.epoch, run.progress.images_in_epoch)  # where this step starts
     run.updating = True
-    with run.precision.stepping(loss, run.optimizer, run.progress.step) as scaler:  # then the scale's update
-        scaler.step(run.optimizer)  # under fp16, a step whose gradients overflowed is skipped
-    run.optimizer.zero_grad(set_to_none=True)
-    run.average.update()
+    with run.precision.stepping(loss, optimizer, run.progress.step) as scaler:  # then the scale's update
+        scaler.step(optimizer)  # under fp16, a step whose gradients overflowed is skipped
+    optimizer.zero_grad(set_to_none=True)
+    run.weights.average.update()
     run.progress.step += 1
     run.progress.images_in_epoch += images * run.world.size
     run.updating = False
@@ -160,8 +129,9 @@ def step(run: Run, loss: torch.Tensor) -> None:
 
 def train_one_epoch(run: Run, epoch: int) -> bool:
     """Train from where the epoch stands until the loader or train.max_steps runs out; True if it ended."""
-    run.model.train()
-    run.freeze.set_epoch(epoch)
+    model, accumulation = run.weights.model, run.optimization.accumulation
+    model.train()
+    run.weights.freeze.set_epoch(epoch)
     run.loaders.train.set_epoch(epoch, skip_images=run.progress.images_in_epoch)
     batches_left = len(run.loaders.train)
     run.meter.start_epoch()
@@ -169,26 +139,26 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     bar = tqdm(run.forensics.watch(run.clock.timed(run.loaders.train)), total=batches_left, desc=f"epoch {epoch}",
                mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
     for images, labels in bar:
-        run.seeds.before(run.progress.step, run.accumulation.pending)
-        inputs, targets = run.mix(images, labels)
-        with run.accumulation.syncing(run.model):  # DDP all-reduces on the last batch of a step only
+        run.optimization.seeds.before(run.progress.step, accumulation.pending)
+        inputs, targets = run.optimization.mix(images, labels)
+        with accumulation.syncing(model):  # DDP all-reduces on the last batch of a step only
             with run.precision.autocast():
-                output = run.model(inputs)
-                loss = run.criterion(output, targets)
-            run.precision.backward(run.accumulation.add(loss, len(labels)))  # the batch's share of the step's loss
-        stepped = run.accumulation.due
+                output = model(inputs)
+                loss = run.optimization.criterion(output, targets)
+            run.precision.backward(accumulation.add(loss, len(labels)))  # the batch's share of the step's loss
+        stepped = accumulation.due
         if stepped:
             step(run, loss)
         run.profiler.step()
         run.meter.add(output, labels, loss)
         batches_left -= 1
-        if stepped and run.progress.step % run.log_every == 0:
+        if stepped and run.progress.step % run.limits.log_every == 0:
             end_window(run, bar)
         if run.out_of_steps:
             break
     else:
         batches_left = 0  # the loader ran out, whatever its len said (a restriped stream may count the whole epoch)
-        if run.accumulation.pending:  # the epoch's last, shorter group of train.accumulate
+        if accumulation.pending:  # the epoch's last, shorter group of train.accumulate
             step(run, loss)
     end_window(run, bar)
     bar.close()
@@ -198,8 +168,8 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
 def validate(run: Run) -> tuple[float, float | None]:
     """Validation top-1 and top-5, logged with the chance level and the epoch's training top-1; top-5 is None with 5
     classes or fewer."""
-    top1, top5 = evaluate(run.average.model, run.forensics.watch(run.loaders.val), run.precision, run.world,
-                          run.limit_val_batches)
+    top1, top5 = evaluate(run.weights.average.model, run.forensics.watch(run.loaders.val), run.precision, run.world,
+                          run.limits.limit_val_batches)
     classes = len(run.loaders.classes)
     top5 = top5 if shows_top5(classes) else None
     run.logger.scalars({"val/top1": top1, **({"val/top5": top5} if top5 is not None else {})}, run.progress.step)

@@ -73,18 +73,42 @@ class AtProgress:
         self.load(state)
 
 
-@dataclass
-class Run:
-    """Everything the loop touches, built once before it."""
-    model: torch.nn.Module
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """How far the run goes and how often it reports, as train.* sets them."""
+    log_every: int  # optimizer steps per logging window
+    max_steps: int | None  # where this command stops; None: at the last epoch
+    limit_val_batches: int | None  # the batches each validation scores; None: all of them
+    clip_grad_norm: float  # the largest total gradient norm a step applies; 0: no clipping
+
+
+@dataclass(kw_only=True)
+class Weights:
+    """The model that trains, which of its layers train in each epoch, and the weights validation scores."""
+    model: torch.nn.Module  # wrapped for DDP and compiled where asked
+    freeze: FrozenBackbone  # which layers train in each epoch: all, or the head alone at a fine-tune's start
+    average: WeightAverage  # the weights validation scores: a moving average of the live ones, or those
+
+
+@dataclass(kw_only=True)
+class Optimization:
+    """What turns a batch into an optimizer step, in the order the step uses them."""
+    seeds: BatchSeeds  # seeds the step's draws before each batch
+    mix: BatchMix  # mixup and CutMix of each training batch, or nothing
+    criterion: torch.nn.Module
+    accumulation: GradientAccumulation  # how many batches' gradients make an optimizer step
     optimizer: torch.optim.Optimizer
     learning_rate: LearningRate  # the schedule's, set before each optimizer step
-    criterion: torch.nn.Module
-    mix: BatchMix  # mixup and CutMix of each training batch, or nothing
-    seeds: BatchSeeds  # seeds the step's draws before each batch
-    accumulation: GradientAccumulation  # how many batches' gradients make an optimizer step
+
+
+@dataclass(kw_only=True)
+class Run:
+    """Everything the loop touches, built once before it: its parts, the services around them, and its progress."""
+    weights: Weights
+    optimization: Optimization
     precision: Precision
     loaders: Loaders
+    limits: Limits
     clock: Clock
     meter: TrainMeter
     sysmon: SystemMonitor
@@ -95,14 +119,8 @@ class Run:
     forensics: Forensics
     world: World
     hardware: Hardware
-    log_every: int
-    max_steps: int | None
-    limit_val_batches: int | None
     coverage: Coverage  # each epoch's check that it trained every image once
-    freeze: FrozenBackbone  # which layers train in each epoch: all, or the head alone at a fine-tune's start
     accuracy: TimeToAccuracy  # the seconds from the run's start to each top-1 level its validations reached
-    average: WeightAverage  # the weights validation scores: a moving average of the live ones, or those
-    clip_grad_norm: float = 0.0  # the largest total gradient norm a step applies; 0: no clipping
     progress: Progress = field(default_factory=Progress)
     windows: WindowLog = field(default_factory=WindowLog)
     setup: dict[str, float] = field(default_factory=dict)  # this run's seconds before its first step, by stage
@@ -115,7 +133,7 @@ class Run:
 
     @property
     def out_of_steps(self) -> bool:
-        return self.max_steps is not None and self.progress.step >= self.max_steps
+        return self.limits.max_steps is not None and self.progress.step >= self.limits.max_steps
 
     def share_window(self, window: Window) -> tuple[list[Window], bool]:
         """Every rank's split of a logging window, and whether any rank was asked to stop: the window's one
@@ -145,13 +163,13 @@ class Run:
     def parts(self) -> dict[str, Stateful]:
         """What a checkpoint of the run holds, by key: each part saves and restores itself (loop/checkpoint.py)."""
         train, progress = self.loaders.train, self.progress
-        return {"model": distributed.unwrap(self.model), "optimizer": self.optimizer, "scaler": self.precision,
-                "progress": progress,
+        return {"model": distributed.unwrap(self.weights.model), "optimizer": self.optimization.optimizer,
+                "scaler": self.precision, "progress": progress,
                 "loader": AtProgress(lambda at: train.state(at.epoch, at.images_in_epoch), train.load_state, progress),
                 "unreadable": self.loaders.splits,
                 "coverage": AtProgress(lambda at: self.coverage.state_dict(at.images_in_epoch, train.coverage()),
                                        self.coverage.load_state_dict, progress),
-                "windows": self.windows, "accuracy": self.accuracy, "ema": self.average}
+                "windows": self.windows, "accuracy": self.accuracy, "ema": self.weights.average}
 
 
 def keep_progress(run: Run, err: BaseException) -> None:
