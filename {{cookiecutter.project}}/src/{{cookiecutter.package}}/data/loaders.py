@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, Dataset
 
 from .. import options
-from ..contracts import Layout, Order, Prefetcher, ResumableLoader, Stores
+from ..contracts import Decoder, Layout, Order, Prefetcher, ResumableLoader, Stores
 from ..core.config import RANGES, build
 from ..core.errors import ConfigError
 from ..core.distributed import World
@@ -194,13 +194,8 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     decoding = build(decoder)  # 6: decode and crop
     decoding.check_device(world.device)
     splits = make_splits(source, stores, decoding, seed)
-    plain = splits.train.transform
-    if augment is not None:  # 7: the augmentation policy; evaluate's loaders have none
-        splits.train.transform = build(augment, transform=plain, decoder=decoding)
-    work = work_of(decoding, source.train_crop_size, splits.train.transform if splits.train.transform is not plain else None)
-    if faults.worker_error_at > 0 or faults.read_delay_ms > 0:
-        splits.train.transform = FaultyReads(splits.train.transform, faults.worker_error_at,
-                                             faults.read_delay_ms / 1000)
+    work = augment_training(splits.train, augment, decoding, source.train_crop_size)  # 7: the augmentation policy
+    inject_reads(splits.train, faults)
     settings = {key: value for key, value in loader.items() if key != RANGES}
     non_blocking = settings.pop("non_blocking")
 
@@ -233,6 +228,21 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     val = build(prefetcher, to_device=val_to_device, loader=val)
     return Loaders(train, val, settings["num_workers"], splits, to_device.times,
                    setup={"data_s": opened - started, "workers_s": counted - opened})
+
+
+def augment_training(train: Images, augment: DictConfig | None, decoding: Decoder, crop_size: int) -> str:
+    """Wrap the training split's transform in the augmentation policy (evaluate's loaders have none); what the
+    workers and the decoder then do to each image, as `work_of` tells it apart."""
+    plain = train.transform
+    if augment is not None:
+        train.transform = build(augment, transform=plain, decoder=decoding)
+    return work_of(decoding, crop_size, train.transform if train.transform is not plain else None)
+
+
+def inject_reads(train: Images, faults: Faults) -> None:
+    """Slow the training split's reads, or fail one, where `faults` asks."""
+    if faults.worker_error_at > 0 or faults.read_delay_ms > 0:
+        train.transform = FaultyReads(train.transform, faults.worker_error_at, faults.read_delay_ms / 1000)
 
 
 def usable_decoder(decoder: DictConfig) -> None:
