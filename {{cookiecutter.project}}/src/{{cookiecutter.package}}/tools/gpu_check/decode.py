@@ -33,7 +33,7 @@ def decode_rows(files: list[Path], device: torch.device, backends: list[str], re
     rows = []
     for backend in backends:
         decode, refusal = BACKENDS[backend]
-        row = {"name": f"nvjpeg/{backend}", "command": f"decoder=nvjpeg decoder.backend={backend}"}
+        row = {"name": f"nvjpeg/{backend}", "command": f"decoder.backend={backend}"}
         if why := refusal():
             rows.append({**row, "status": f"not run: {why}"})
             continue
