@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from conftest import PROJECT, hydra_run
+from helpers.paths import PROJECT
+from helpers.runs import hydra_run
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.options import check

@@ -27,7 +27,11 @@ from {{ cookiecutter.package }}.tools.pack import pack_path, tree_key
 from {{ cookiecutter.package }}.tools.bench.storage_probe import training_decoder
 from {{ cookiecutter.package }}.tools.tune.outputs import chart as tune_chart
 
-from conftest import CUDA, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, error_line, hydra_run
+from helpers.machines import CUDA
+from helpers.packs import TENSOR_SHORT_SIDE
+from helpers.paths import PACKAGE, PROJECT
+from helpers.processes import QUIET, error_line
+from helpers.runs import hydra_run
 
 FASTEST = options.fastest_cpu_decoder()  # of those installed here
 CPU_DECODERS = list(dict.fromkeys(["pil", "opencv", FASTEST]))

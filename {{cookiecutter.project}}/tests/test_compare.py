@@ -10,7 +10,8 @@ from {{ cookiecutter.package }}.core.errors import ClearError
 from {{ cookiecutter.package }}.diagnosis.summary import Summary
 from {{ cookiecutter.package }}.tools.compare import load_runs, table
 
-from conftest import PACKAGE, PROJECT, a_summary, summary
+from helpers.paths import PACKAGE, PROJECT
+from helpers.runs import a_summary, summary
 
 
 def compare(*folders) -> subprocess.CompletedProcess:

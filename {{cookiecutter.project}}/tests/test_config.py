@@ -21,7 +21,9 @@ from {{ cookiecutter.package }}.data.sources import Source
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.options import check
 
-from conftest import CONF, DEVICE, hydra_run, on_this_machine, tiny
+from helpers.machines import DEVICE, on_this_machine
+from helpers.paths import CONF
+from helpers.runs import hydra_run, tiny
 
 # conf/export/ is the export command's own config folder (its format= names export formats): test_export.py's.
 OPTIONS = sorted((path.parent.name, path.stem) for path in CONF.glob("*/*.yaml") if path.parent.name != "export")

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import contracts, options
 
-from conftest import CONF
+from helpers.paths import CONF
 
 PACKAGE_DIR = Path(options.__file__).parent
 GROUPS = ("data", "format", "decoder", "staging", "augment", "prefetcher", "logger", "profiler", "model", "optim",
@@ -153,7 +153,7 @@ def test_the_suite_collects_without_the_optional_extras():
     import subprocess
     import sys
 
-    from conftest import PROJECT
+    from helpers.paths import PROJECT
 
     script = ("import sys\nfor name in %r:\n    sys.modules[name] = None\nimport pytest\n"
               "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider']))\n" % (OPTIONAL,))
@@ -168,7 +168,7 @@ def test_a_run_that_builds_no_torchvision_model_never_imports_torchvision():
     import subprocess
     import sys
 
-    from conftest import PACKAGE
+    from helpers.paths import PACKAGE
 
     modules = [f"{PACKAGE}.train", f"{PACKAGE}.loop.mix", f"{PACKAGE}.data.augment", f"{PACKAGE}.data.decoder.nvjpeg"]
     script = (f"import sys\nimport {', '.join(modules)}\n"

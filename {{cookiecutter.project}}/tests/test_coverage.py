@@ -13,7 +13,11 @@ from {{ cookiecutter.package }}.contracts import Layout
 from {{ cookiecutter.package }}.data.coverage import Coverage, CoverageMismatch, Digest
 from {{ cookiecutter.package }}.data.order import RandomOrder
 
-from conftest import PACKAGE, PROJECT, QUIET, TWO_PROCESSES, packed_tree, stop_one_rank, summary
+from helpers.machines import TWO_PROCESSES
+from helpers.packs import packed_tree
+from helpers.paths import PACKAGE, PROJECT
+from helpers.processes import QUIET, stop_one_rank
+from helpers.runs import summary
 from epochs import WIDE, Reads, agreed, read_epoch, records, stopped_and_resumed, trained_by_all
 
 

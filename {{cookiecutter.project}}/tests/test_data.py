@@ -27,7 +27,7 @@ from {{ cookiecutter.package }}.data.prefetcher import NoPrefetcher
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
-from conftest import ODD_FILES
+from helpers.images import ODD_FILES
 
 CPU = torch.device("cpu")
 

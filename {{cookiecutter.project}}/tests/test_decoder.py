@@ -43,8 +43,12 @@ from {{ cookiecutter.package }}.data.loaders import check_fit
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
-from conftest import (CONF, DEVICE, ODD_FILES, PROJECT, QUIET, encoded, error_line, installed, on_this_machine, photo, summary,
-                      uploaded)
+from helpers.decoders import uploaded
+from helpers.images import ODD_FILES, encoded, photo
+from helpers.machines import DEVICE, installed, on_this_machine
+from helpers.paths import CONF, PROJECT
+from helpers.processes import QUIET, error_line
+from helpers.runs import summary
 from zoo import ZOO, pillow_reads
 
 DECODERS = [name for name in options.options("decoder") if name != "none"]  # none: for format=tensor alone

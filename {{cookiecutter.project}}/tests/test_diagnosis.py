@@ -10,7 +10,7 @@ from {{ cookiecutter.package }}.diagnosis.ranks import RankTimes, spread, stragg
 from {{ cookiecutter.package }}.diagnosis.verdict import Settings, bound, diagnose
 from {{ cookiecutter.package }}.loop.clock import Window
 
-from conftest import AVX2, MACHINES, SM70, SM90
+from helpers.machines import AVX2, MACHINES, SM70, SM90
 
 DEFAULTS = Settings(num_workers=2, prefetch_factor=2, pin_memory=True, persistent_workers=False)
 
@@ -313,7 +313,7 @@ def test_every_switch_the_advice_names_exists():
     """Every group=option and key=value of any suggestion, on any described machine, is a real option or key."""
     from omegaconf import OmegaConf
 
-    from conftest import CONF
+    from helpers.paths import CONF
 
     keys = OmegaConf.merge(OmegaConf.load(CONF / "train.yaml"), OmegaConf.load(CONF / "pack.yaml"),
                            {"model": OmegaConf.load(CONF / "model/torchvision.yaml"),

@@ -21,23 +21,10 @@ from {{ cookiecutter.package }}.core.distributed import World, restart_store
 from {{ cookiecutter.package }}.core.failures import explain
 from {{ cookiecutter.package }}.core.forensics import Forensics
 
-from conftest import (
-    CONF,
-    CPU_ONLY,
-    LONGER,
-    PACKAGE,
-    PROJECT,
-    QUIET,
-    TWO_PROCESSES,
-    cli_command,
-    finish,
-    logged_windows,
-    start_cli,
-    summary,
-    tiny,
-    training_images_script,
-    wait_for,
-)
+from helpers.machines import TWO_PROCESSES
+from helpers.paths import CONF, PACKAGE, PROJECT
+from helpers.processes import CPU_ONLY, QUIET, cli_command, finish, start_cli, training_images_script, wait_for
+from helpers.runs import LONGER, logged_windows, summary, tiny
 
 
 def test_every_rank_resolves_the_same_run_folder(monkeypatch):

@@ -17,7 +17,9 @@ from {{ cookiecutter.package }}.tools import evaluate as command
 from {{ cookiecutter.package }}.tools.pack import pack
 
 from colours import CLASSES, colour_checkpoint, colour_tree
-from conftest import PACKAGE, PROJECT, QUIET, error_line, hydra_run
+from helpers.paths import PACKAGE, PROJECT
+from helpers.processes import QUIET, error_line
+from helpers.runs import hydra_run
 
 CPU = torch.device("cpu")
 

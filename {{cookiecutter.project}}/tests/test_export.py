@@ -17,7 +17,8 @@ from {{ cookiecutter.package }}.loop.checkpoint import Inference, save
 from {{ cookiecutter.package }}.tools.export import TorchScript, export
 
 from colours import PREPROCESSING
-from conftest import CONF, PACKAGE, hydra_run
+from helpers.paths import CONF, PACKAGE
+from helpers.runs import hydra_run
 
 EXPORT_CONF = CONF / "export"
 FORMATS = sorted(path.stem for path in (EXPORT_CONF / "format").glob("*.yaml"))

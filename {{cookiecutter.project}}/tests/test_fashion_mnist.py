@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import CPU_ONLY, PACKAGE, PROJECT, QUIET, error_line
+from helpers.paths import PACKAGE, PROJECT
+from helpers.processes import CPU_ONLY, QUIET, error_line
 
 SCRIPT = PROJECT / "scripts/fashion_mnist.py"
 DEBIAN = Path("/usr/share/datasets/fashion-mnist")

@@ -6,7 +6,7 @@ import pytest
 
 from {{ cookiecutter.package }}.core.files import LogFile
 
-from conftest import fill
+from helpers.full_disk import fill
 
 LINE = "a line of the run's log " * 8  # about 200 bytes, so that a few fill the room left
 

@@ -22,7 +22,11 @@ from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack, shorter_side_to, write_order, writer
 
-from conftest import CONF, PACKAGE, PROJECT, QUIET, TENSOR_SHORT_SIDE, hydra_run, installed
+from helpers.machines import installed
+from helpers.packs import TENSOR_SHORT_SIDE
+from helpers.paths import CONF, PACKAGE, PROJECT
+from helpers.processes import QUIET
+from helpers.runs import hydra_run
 
 PACKED = installed("format", options.having("format", "packed"))
 

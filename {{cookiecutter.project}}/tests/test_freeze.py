@@ -8,7 +8,7 @@ from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.loop.freeze import FrozenBackbone
 from {{ cookiecutter.package }}.loop.optim import sgd
 
-from conftest import SMALL_MODEL
+from helpers.runs import SMALL_MODEL
 
 
 def changed(before: dict[str, torch.Tensor], model: torch.nn.Module) -> set[str]:

@@ -15,7 +15,9 @@ from {{ cookiecutter.package }}.tools.gpu_check.decode import PIXEL_TOLERANCE, d
 from {{ cookiecutter.package }}.tools.gpu_check.plan import Budget, planned
 from {{ cookiecutter.package }}.tools.trials import as_overrides
 
-from conftest import CONF, CPU_ONLY, PACKAGE, PROJECT, hydra_run, tiny
+from helpers.paths import CONF, PACKAGE, PROJECT
+from helpers.processes import CPU_ONLY
+from helpers.runs import hydra_run, tiny
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1"
 skipped="1" tests="5"></testsuite></testsuites>"""

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import PROJECT
+from helpers.paths import PROJECT
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff is not installed: pip install -e '.[dev]'")

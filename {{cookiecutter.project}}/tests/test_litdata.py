@@ -18,22 +18,10 @@ from {{ cookiecutter.package }}.data.images import make_splits
 from {{ cookiecutter.package }}.data.loaders import check_fit, make_loaders, training_loader
 from {{ cookiecutter.package }}.data.staging import no_staging
 
-from conftest import (
-    CONF,
-    DEVICE,
-    PACKAGE,
-    PROJECT,
-    QUIET,
-    TWO_PROCESSES,
-    finish,
-    installed,
-    on_this_machine,
-    start_cli,
-    stopped_after_first_checkpoint,
-    summary,
-    tiny,
-    training_images_script,
-)
+from helpers.machines import DEVICE, TWO_PROCESSES, installed, on_this_machine
+from helpers.paths import CONF, PACKAGE, PROJECT
+from helpers.processes import QUIET, finish, start_cli, stopped_after_first_checkpoint, training_images_script
+from helpers.runs import summary, tiny
 
 pytest.importorskip("litdata", reason="pip install -e '.[litdata]'")
 

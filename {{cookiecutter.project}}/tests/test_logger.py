@@ -16,7 +16,9 @@ from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.files import WriteError
 from {{ cookiecutter.package }}.loop.logger import csv_table, jsonl, tensorboard
 
-from conftest import CONF, fill, installed
+from helpers.full_disk import fill
+from helpers.machines import installed
+from helpers.paths import CONF
 
 # Two windows, the second with a figure the first lacks, as validation's top-1 arrives at an epoch's end.
 WINDOWS = {20: {"train/loss": 2.0, "time/data_ms": 3.0}, 40: {"train/loss": 1.5, "time/data_ms": 2.5, "val/top1": 40.0}}

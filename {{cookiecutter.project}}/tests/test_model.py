@@ -18,7 +18,7 @@ from {{ cookiecutter.package }}.loop.checkpoint import Inference
 from {{ cookiecutter.package }}.loop.model import find_head, load_weights, make_model
 from {{ cookiecutter.package }}.train import make_run
 
-from conftest import hydra_run, tiny
+from helpers.runs import hydra_run, tiny
 
 TIMM_MISSING = options.facts("model", "timm").missing()
 TIMM_TEST_MODEL = "test_resnet.r160_in1k"  # timm's own test network, 0.5 M parameters, normalised with 0.5 and 0.5

@@ -16,8 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import (CPU_ONLY, PACKAGE, PROJECT, SMALL_MODEL, finish, logged_windows, packed_tree, stop_one_rank,
-                      summary, tiny, wait_for)
+from helpers.packs import packed_tree
+from helpers.paths import PACKAGE, PROJECT
+from helpers.processes import CPU_ONLY, finish, stop_one_rank, wait_for
+from helpers.runs import SMALL_MODEL, logged_windows, summary, tiny
 
 pytestmark = pytest.mark.full
 

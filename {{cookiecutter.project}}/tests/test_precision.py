@@ -40,7 +40,7 @@ def test_bf16_autocasts_on_the_cpu_and_fp32_does_not():
 def test_bf16_where_it_is_emulated_warns_once_at_start_with_the_measured_cost_and_goes_on(caplog):
     import logging
 
-    from conftest import AVX2, AVX512_BF16
+    from helpers.machines import AVX2, AVX512_BF16
 
     with caplog.at_level(logging.WARNING):
         precision = make_precision("bf16", CPU, AVX2)

@@ -11,7 +11,8 @@ from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.tools.predict import predict
 
 from colours import CLASSES, PREPROCESSING, ColourScores, colour_checkpoint, colour_photo
-from conftest import encoded, hydra_run, photo
+from helpers.images import encoded, photo
+from helpers.runs import hydra_run
 
 
 def by_hand(path) -> torch.Tensor:

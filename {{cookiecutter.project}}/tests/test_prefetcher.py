@@ -13,7 +13,8 @@ from {{ cookiecutter.package }}.data.device import ToDevice
 from {{ cookiecutter.package }}.data.loaders import make_loader
 from {{ cookiecutter.package }}.data.prefetcher import cuda_stream, none, resident, thread
 
-from conftest import CONF, DEVICE
+from helpers.machines import DEVICE
+from helpers.paths import CONF
 
 CPU = torch.device("cpu")
 PREFETCHERS = sorted(path.stem for path in (CONF / "prefetcher").glob("*.yaml"))

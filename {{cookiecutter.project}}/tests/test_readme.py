@@ -3,7 +3,8 @@ tree as written, and its contents list every section."""
 import re
 import shlex
 
-from conftest import PACKAGE, PROJECT, hydra_run, summary, tiny
+from helpers.paths import PACKAGE, PROJECT
+from helpers.runs import hydra_run, summary, tiny
 
 from {{ cookiecutter.package }}.options import check
 

@@ -8,7 +8,7 @@ from {{ cookiecutter.package }}.diagnosis.report import format_report, run_total
 from {{ cookiecutter.package }}.diagnosis.sysmon import SystemMonitor
 from {{ cookiecutter.package }}.loop.clock import Window
 
-from conftest import a_summary
+from helpers.runs import a_summary
 
 CPU = torch.device("cpu")
 

@@ -20,7 +20,8 @@ from {{ cookiecutter.package }}.core.forensics import Forensics
 from {{ cookiecutter.package }}.loop.checkpoint import load
 from {{ cookiecutter.package }}.train import make_run
 
-from conftest import CUDA, hydra_run, on_this_machine, tiny
+from helpers.machines import CUDA, on_this_machine
+from helpers.runs import hydra_run, tiny
 
 EPOCH = 1  # not the first: an epoch's order depends on its number
 STOPPED_AFTER = 2  # batches, of the 6 of an epoch of the tiny set's 24 images in batches of 4

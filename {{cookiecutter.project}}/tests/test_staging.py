@@ -9,7 +9,7 @@ from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import ALONE
 from {{ cookiecutter.package }}.data.staging import manifest, tmpfs
 
-from conftest import PROJECT
+from helpers.paths import PROJECT
 
 
 def files(root):

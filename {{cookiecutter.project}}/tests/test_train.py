@@ -14,20 +14,10 @@ from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core.failures import explain
 from {{ cookiecutter.package }}.loop.precision import NonFiniteLoss
 
-from conftest import (
-    BAD_INPUT,
-    CONF,
-    CPU_ONLY,
-    CUDA,
-    LONGER,
-    SMALL_MODEL,
-    TWO_PROCESSES,
-    finish,
-    on_this_machine,
-    start_cli,
-    summary,
-    wait_for,
-)
+from helpers.machines import CUDA, TWO_PROCESSES, on_this_machine
+from helpers.paths import CONF
+from helpers.processes import CPU_ONLY, finish, start_cli, wait_for
+from helpers.runs import BAD_INPUT, LONGER, SMALL_MODEL, summary
 
 HYDRA_OWN = {".hydra", "train.log"}
 STEPS_PER_EPOCH = 6  # 3 classes x 8 images, batch 4

@@ -18,7 +18,7 @@ from {{ cookiecutter.package }}.diagnosis.verdict import EPOCH_START_SHARE
 from {{ cookiecutter.package }}.loop.clock import Window
 from {{ cookiecutter.package }}.loop.precision import Precision
 
-from conftest import BAD_INPUT, logged_windows
+from helpers.runs import BAD_INPUT, logged_windows
 
 
 def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_in_process):

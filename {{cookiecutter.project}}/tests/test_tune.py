@@ -16,7 +16,10 @@ from {{ cookiecutter.package }}.diagnosis.verdict import Suggestion, faster_prec
 from {{ cookiecutter.package }}.tools.trials import Ranks, Trials
 from {{ cookiecutter.package }}.tools.tune.plan import PackOffer, moves
 
-from conftest import AVX2, CONF, PACKAGE, PROJECT, QUIET, a_summary, summary, tiny
+from helpers.machines import AVX2
+from helpers.paths import CONF, PACKAGE, PROJECT
+from helpers.processes import QUIET
+from helpers.runs import a_summary, summary, tiny
 
 SHORT = ("tune.repeats=2", "tune.steps=9", "tune.log_every=3", "train.batch_size=8")
 FASTEST = faster_precision(probe(torch.device("cpu")))  # this machine's: bf16 only where it is native

@@ -14,7 +14,8 @@ from {{ cookiecutter.package }}.tools.tune.outputs import write_outputs
 from {{ cookiecutter.package }}.tools.tune.search import search
 from {{ cookiecutter.package }}.tools.tune.statistics import Config, slower_than
 
-from conftest import AVX2, AVX512_BF16, SM70, a_summary
+from helpers.machines import AVX2, AVX512_BF16, SM70
+from helpers.runs import a_summary
 
 CHOICES = {"format": "folder", "decoder": "pil", "prefetcher": "none", "staging": "none"}
 

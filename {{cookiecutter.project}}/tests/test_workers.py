@@ -17,7 +17,7 @@ from {{ cookiecutter.package }}.data.loaders import make_loader, make_loaders
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
-from conftest import on_this_machine
+from helpers.machines import on_this_machine
 
 SETTINGS = {"prefetch_factor": 2, "pin_memory": False, "persistent_workers": False}
 

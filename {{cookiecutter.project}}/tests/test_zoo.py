@@ -15,7 +15,8 @@ from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack
 
-from conftest import DEVICE, installed, uploaded
+from helpers.decoders import uploaded
+from helpers.machines import DEVICE, installed
 from test_data import ALONE, loader
 from test_decoder import DECODERS, make_decoder, mean_difference
 from test_format import open_pack

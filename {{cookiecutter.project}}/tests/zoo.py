@@ -12,7 +12,7 @@ from PIL import Image, ImageCms, ImageOps
 
 from {{ cookiecutter.package }}.data.decoder import DECODE_ERRORS
 
-from conftest import encoded, photo
+from helpers.images import encoded, photo
 
 DATA = Path(__file__).parent / "data"
 WIDTH, HEIGHT = 160, 120  # small, so that the whole zoo decodes in milliseconds
