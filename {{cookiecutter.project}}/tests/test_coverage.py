@@ -18,7 +18,7 @@ from helpers.packs import packed_tree
 from helpers.paths import PACKAGE, PROJECT
 from helpers.processes import QUIET, stop_one_rank
 from helpers.runs import summary
-from epochs import WIDE, Reads, agreed, read_epoch, records, stopped_and_resumed, trained_by_all
+from helpers.epochs import WIDE, Reads, agreed, read_epoch, records, stopped_and_resumed, trained_by_all
 
 
 def test_a_digest_is_the_same_in_any_order_and_adds_up_as_the_sets_do():

@@ -49,7 +49,7 @@ from helpers.machines import DEVICE, installed, on_this_machine
 from helpers.paths import CONF, PROJECT
 from helpers.processes import QUIET, error_line
 from helpers.runs import summary
-from zoo import ZOO, pillow_reads
+from helpers.zoo import ZOO, pillow_reads
 
 DECODERS = [name for name in options.options("decoder") if name != "none"]  # none: for format=tensor alone
 

@@ -1,5 +1,5 @@
 """Validation accuracy: top-k hits counted on the device, percentages over exactly the batches allowed; and the
-evaluate command, whose scores match a hand count on a tiny set of coloured photos (tests/colours.py)."""
+evaluate command, whose scores match a hand count on a tiny set of coloured photos (tests/helpers/colours.py)."""
 import json
 import os
 import subprocess
@@ -16,7 +16,7 @@ from {{ cookiecutter.package }}.loop.precision import Precision
 from {{ cookiecutter.package }}.tools import evaluate as command
 from {{ cookiecutter.package }}.tools.pack import pack
 
-from colours import CLASSES, colour_checkpoint, colour_tree
+from helpers.colours import CLASSES, colour_checkpoint, colour_tree
 from helpers.paths import PACKAGE, PROJECT
 from helpers.processes import QUIET, error_line
 from helpers.runs import hydra_run

@@ -16,7 +16,7 @@ from {{ cookiecutter.package }}.core.packages import installs_here
 from {{ cookiecutter.package }}.loop.checkpoint import Inference, save
 from {{ cookiecutter.package }}.tools.export import TorchScript, export
 
-from colours import PREPROCESSING
+from helpers.colours import PREPROCESSING
 from helpers.paths import CONF, PACKAGE
 from helpers.runs import hydra_run
 

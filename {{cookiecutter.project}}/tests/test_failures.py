@@ -19,7 +19,7 @@ from helpers.paths import PACKAGE, PROJECT
 from helpers.processes import (QUIET, cli_command, error_line, finish, start_cli, stop, stopped_after_first_checkpoint,
                                wait_for)
 from helpers.runs import LONGER, summary
-from slow_disk import SCRIPT, fusectl, slow_disk
+from helpers.slow_disk import SCRIPT, fusectl, slow_disk
 
 pytestmark = pytest.mark.full  # subprocesses, torchrun or the clock: make test-full
 

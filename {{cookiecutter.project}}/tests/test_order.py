@@ -11,7 +11,7 @@ from {{ cookiecutter.package }}.data.images import Images
 from {{ cookiecutter.package }}.data.order import BlockOrder, BlockReads, RandomOrder
 from {{ cookiecutter.package }}.tools.pack import write_order
 
-from epochs import BLOCKS
+from helpers.epochs import BLOCKS
 
 def test_the_same_seed_draws_the_same_order_and_another_seed_another():
     for order in (RandomOrder(), BLOCKS):

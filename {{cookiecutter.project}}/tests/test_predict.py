@@ -10,7 +10,7 @@ from PIL import Image
 from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.tools.predict import predict
 
-from colours import CLASSES, PREPROCESSING, ColourScores, colour_checkpoint, colour_photo
+from helpers.colours import CLASSES, PREPROCESSING, ColourScores, colour_checkpoint, colour_photo
 from helpers.images import encoded, photo
 from helpers.runs import hydra_run
 

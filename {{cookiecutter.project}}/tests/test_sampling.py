@@ -10,7 +10,7 @@ from {{ cookiecutter.package }}.contracts import Layout
 from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.data.sampling import EpochBatches, EpochSampler, agreed_layout
 
-from epochs import BLOCKS, Job, agreed
+from helpers.epochs import BLOCKS, Job, agreed
 
 def test_the_processes_agree_on_their_worker_counts_and_refuse_another_data_set_in_one_line():
     assert agreed(100, [2, 0, 5], 4) == Layout(3, (2, 1, 5), 4)

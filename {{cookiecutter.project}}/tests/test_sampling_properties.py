@@ -1,6 +1,6 @@
 """The samplers on any layout: every image once per epoch less the documented leftovers, each run of records read by
 one loader worker, and a resumed epoch on any number of processes that trains each image left once. Over a thousand
-layouts drawn by Hypothesis; no process is started (tests/epochs.py)."""
+layouts drawn by Hypothesis; no process is started (tests/helpers/epochs.py)."""
 from collections import Counter
 
 import pytest
@@ -8,8 +8,8 @@ import pytest
 from {{ cookiecutter.package }}.data.coverage import Coverage
 from {{ cookiecutter.package }}.data.order import BlockOrder, RandomOrder
 
-from epochs import (agreed, assert_each_run_read_by_one_worker, assert_every_image_once, read_epoch, records,
-                    stopped_and_resumed, trained_by_all)
+from helpers.epochs import (agreed, assert_each_run_read_by_one_worker, assert_every_image_once, read_epoch,
+                            records, stopped_and_resumed, trained_by_all)
 
 pytestmark = pytest.mark.full  # 1,200 layouts, some 20 s: the fast tier has the samplers in test_order.py and test_sampling.py
 

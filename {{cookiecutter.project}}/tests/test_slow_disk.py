@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from slow_disk import SCRIPT, fusectl, missing_fuse, mount_entry, slow_disk
+from helpers.slow_disk import SCRIPT, fusectl, missing_fuse, mount_entry, slow_disk
 
 HDD_MS_PER_FILE = 12 + 8 + 8  # open, the getattr before it, and the seek of its first read (scripts/slowdisk.py)
 

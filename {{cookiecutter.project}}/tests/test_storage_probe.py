@@ -7,7 +7,7 @@ import pytest
 from {{ cookiecutter.package }}.data.format.folder import open_tree
 from {{ cookiecutter.package }}.tools.bench.storage_probe import drop_cached, storage_rows
 
-from slow_disk import slow_disk
+from helpers.slow_disk import slow_disk
 
 HDD_READS_PER_S = 1000 / (12 + 8)  # at most, one head: an open and a seek per file (its getattr may be cached)
 

@@ -1,6 +1,6 @@
-"""Every decoder and every format against the zoo of the web's JPEGs (zoo.py): each gives Pillow's verdict on each file,
-readable or not, and where it is readable, Pillow's pixels within JPEG tolerance. The decoders and formats come from
-conf/, each skipped with its install command where its package is missing."""
+"""Every decoder and every format against the zoo of the web's JPEGs (helpers/zoo.py): each gives Pillow's verdict on
+each file, readable or not, and where it is readable, Pillow's pixels within JPEG tolerance. The decoders and formats
+come from conf/, each skipped with its install command where its package is missing."""
 import numpy as np
 import pytest
 import torch
@@ -20,7 +20,7 @@ from helpers.machines import DEVICE, installed
 from test_data import ALONE, loader
 from test_decoder import DECODERS, make_decoder, mean_difference
 from test_format import open_pack
-from zoo import ZOO, pillow_reads, write_tree
+from helpers.zoo import ZOO, pillow_reads, write_tree
 
 # Pillow warns of the zoo's broken EXIF segment, broken on purpose, wherever it decodes that file.
 pytestmark = pytest.mark.filterwarnings("ignore:Corrupt EXIF data:UserWarning")

@@ -13,8 +13,8 @@ from PIL import Image, ImageCms, ImageOps
 from {{ cookiecutter.package }}.data.decoder import DECODE_ERRORS
 
 from helpers.images import encoded, photo
+from helpers.paths import DATA
 
-DATA = Path(__file__).parent / "data"
 WIDTH, HEIGHT = 160, 120  # small, so that the whole zoo decodes in milliseconds
 
 

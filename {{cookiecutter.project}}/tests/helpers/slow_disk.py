@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slowdisk.py"
+from helpers.paths import PROJECT
+
+SCRIPT = PROJECT / "scripts" / "slowdisk.py"
 MOUNT_TIMEOUT_S = 20
 FUSECTL = Path("/sys/fs/fuse/connections")
 
