@@ -10,9 +10,9 @@ from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.tools.bench import bench
 from {{ cookiecutter.package }}.tools.bench.ceilings import Ceilings
 
+from helpers.decoders import make_decoder
 from helpers.images import encoded, photo
 from helpers.runs import hydra_run
-from test_decoder import make_decoder
 
 REGION_DECODERS = [name for name in options.options("decoder") if options.facts("decoder", name).region_decode
                    and not options.facts("decoder", name).gpu]

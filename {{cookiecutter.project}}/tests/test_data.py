@@ -28,16 +28,8 @@ from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
 from helpers.images import ODD_FILES
-
-CPU = torch.device("cpu")
-
-
-def loader(dataset, batch_size: int, train: bool, world: World = ALONE, seed: int = 0, num_workers: int = 0,
-           collate=None):
-    """make_loader with the CPU settings every test here shares."""
-    return make_loader(dataset, batch_size, train, seed, world, num_workers=num_workers, prefetch_factor=2,
-                       pin_memory=False, persistent_workers=False, collate=collate)
-
+from helpers.loaders import loader
+from helpers.machines import CPU
 
 def folder_splits(root, size: int = 32, resize: int = 36, on_error: str = "skip", decoder=None):
     """The splits train.py would build for data=folder format=folder staging=none."""

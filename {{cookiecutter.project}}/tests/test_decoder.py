@@ -22,12 +22,12 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 from PIL import Image
-from test_data import ALONE, CPU, loader
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.contracts import Crop, Decoder
+from {{ cookiecutter.package }}.contracts import Crop
 from {{ cookiecutter.package }}.core import packages
 from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.core.distributed import ALONE
 from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.packages import DISTRIBUTION, installs_here, this_machine
 from {{ cookiecutter.package }}.data.crops import CenterCrop, TrainCrop
@@ -43,29 +43,14 @@ from {{ cookiecutter.package }}.data.loaders import check_fit
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
-from helpers.decoders import uploaded
+from helpers.decoders import DECODERS, compose_decoder, make_decoder, mean_difference, uploaded
 from helpers.images import ODD_FILES, encoded, photo
-from helpers.machines import DEVICE, installed, on_this_machine
+from helpers.loaders import loader
+from helpers.machines import CPU, DEVICE, installed, on_this_machine
 from helpers.paths import CONF, PROJECT
 from helpers.processes import QUIET, error_line
 from helpers.runs import summary
 from helpers.zoo import ZOO, pillow_reads
-
-DECODERS = [name for name in options.options("decoder") if name != "none"]  # none: for format=tensor alone
-
-
-def compose_decoder(name: str, *overrides: str):
-    with initialize_config_dir(config_dir=str(options.CONF), version_base="1.3"):
-        return compose("train", [f"decoder={name}", "train.batch_size=32", *overrides]).decoder
-
-
-def make_decoder(name: str, *overrides: str) -> Decoder:
-    """The option as this machine can run it: its way without a GPU where there is none."""
-    missing = options.facts("decoder", name).missing()
-    if missing:
-        pytest.skip(f"decoder={name}: {missing}")
-    return build(compose_decoder(name, *on_this_machine(f"decoder={name}"), *overrides))
-
 
 def crops(decoder, files: list[bytes], crop, device: torch.device = DEVICE) -> torch.Tensor:
     """What the training step would receive, before normalisation: workers' transform, collate, upload to
@@ -80,11 +65,6 @@ def upload(decoder, files: list[bytes], crop, device: torch.device = DEVICE) -> 
     transform = decoder.transform(crop)
     images, _ = decoder.collate([(transform(data), 0) for data in files])
     return uploaded(decoder, images, device, non_blocking=True)
-
-
-def mean_difference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Mean absolute difference per image, in 0-255 levels."""
-    return (a.float() - b.float()).abs().flatten(1).mean(1)
 
 
 @pytest.mark.parametrize("name", DECODERS)

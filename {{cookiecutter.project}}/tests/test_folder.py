@@ -260,7 +260,7 @@ def per_image_lists(store: Store) -> list[str]:
 
 def test_no_formats_index_holds_a_python_object_per_image(packs, tiny_root):
     """Every format's stores keep their index in arrays, which workers read without copying pages."""
-    from test_format import open_pack
+    from helpers.packs import open_pack
 
     stores = [folder.open_tree(tiny_root)[:2], *((opened.train, opened.val) for opened in
                                                  (open_pack(format, path) for format, path in packs.items()))]

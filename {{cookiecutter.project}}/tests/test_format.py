@@ -9,11 +9,9 @@ import sys
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 from PIL import Image
 
 from {{ cookiecutter.package }} import options
-from {{ cookiecutter.package }}.core.config import build
 from {{ cookiecutter.package }}.core.errors import ClearError, ConfigError
 from {{ cookiecutter.package }}.data.decoder.jpeg import pil_size
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
@@ -23,19 +21,12 @@ from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack, shorter_side_to, write_order, writer
 
 from helpers.machines import installed
-from helpers.packs import TENSOR_SHORT_SIDE
-from helpers.paths import CONF, PACKAGE, PROJECT
+from helpers.packs import TENSOR_SHORT_SIDE, open_pack
+from helpers.paths import PACKAGE, PROJECT
 from helpers.processes import QUIET
 from helpers.runs import hydra_run
 
 PACKED = installed("format", options.having("format", "packed"))
-
-
-def open_pack(format: str, path):
-    """The format option built as its YAML file gives it (its cache, for litdata), reading `path`."""
-    node = OmegaConf.load(CONF / "format" / f"{format}.yaml")
-    node.path = str(path)
-    return build(node).stores(None, no_staging)
 
 
 def largest_file(path):

@@ -7,6 +7,7 @@ import torch
 
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.contracts import Box, Crop
+from {{ cookiecutter.package }}.core.distributed import ALONE
 from {{ cookiecutter.package }}.data.crops import CenterCrop
 from {{ cookiecutter.package }}.data.decoder import Decoded, Unreadable
 from {{ cookiecutter.package }}.data.format import folder
@@ -15,11 +16,10 @@ from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack
 
-from helpers.decoders import uploaded
+from helpers.decoders import DECODERS, make_decoder, mean_difference, uploaded
+from helpers.loaders import loader
 from helpers.machines import DEVICE, installed
-from test_data import ALONE, loader
-from test_decoder import DECODERS, make_decoder, mean_difference
-from test_format import open_pack
+from helpers.packs import open_pack
 from helpers.zoo import ZOO, pillow_reads, write_tree
 
 # Pillow warns of the zoo's broken EXIF segment, broken on purpose, wherever it decodes that file.

@@ -8,6 +8,7 @@ from {{ cookiecutter.package }}.core.hardware import Hardware
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")  # the machine's own: tests run the GPU paths where there is one
+CPU = torch.device("cpu")
 # Two processes of one job need a GPU each; with fewer, their tests run both on the CPU.
 TWO_PROCESSES = {} if torch.cuda.device_count() >= 2 else {"CUDA_VISIBLE_DEVICES": ""}
 

@@ -1,7 +1,21 @@
-"""Packed formats as the tests make them."""
+"""Packed formats as the tests make them and read them back."""
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from {{ cookiecutter.package }}.core.config import build
+from {{ cookiecutter.package }}.data.staging import no_staging
+
+from helpers.paths import CONF
+
 TENSOR_SHORT_SIDE = 40
+
+
+def open_pack(format: str, path):
+    """The format option built as its YAML file gives it (its cache, for litdata), reading `path`."""
+    node = OmegaConf.load(CONF / "format" / f"{format}.yaml")
+    node.path = str(path)
+    return build(node).stores(None, no_staging)
 
 
 def packed_tree(root: Path, num_classes: int, train_per_class: int) -> tuple[Path, Path]:
