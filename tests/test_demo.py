@@ -1,4 +1,4 @@
-"""make demo's story, as the README tells it: a start that waits for data, tune finding a configuration at least
+"""make demo's story, as docs/tune.md tells it: a start that waits for data, tune finding a configuration at least
 1.3 times faster, and a tuned run that learns the synthetic classes and ends with its report."""
 import json
 import os
@@ -9,7 +9,7 @@ import pytest
 from conftest import venv_seeing_ours
 
 MIN_GAIN = 1.3
-MIN_TOP1 = 90.0  # the README states the top-1 a run reached; a CPU of another kind may land a little lower
+MIN_TOP1 = 90.0  # docs/tune.md states the top-1 a run reached; a CPU of another kind may land a little lower
 
 
 @pytest.mark.full

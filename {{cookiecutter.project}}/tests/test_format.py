@@ -329,10 +329,12 @@ def test_pack_without_pack_out_is_one_line_saying_what_to_give(tiny_root, tmp_pa
                                  "(format=litdata: or s3://bucket/prefix), under a temporary name renamed when complete")
 
 
-def test_every_readme_command_that_trains_from_a_pack_names_a_data_option_that_is_not_built_in():
+def test_every_documented_command_that_trains_from_a_pack_names_a_data_option_that_is_not_built_in():
     """Without one, training builds the default data set (synthetic) first: minutes writing images it never reads,
     and data: synthetic in summary.json."""
-    commands = [command for command in (PROJECT / "README.md").read_text().replace("\\\n", " ").splitlines()
+    pages = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
+    commands = [command for command in text.replace("\\\n", " ").splitlines()
                 if f"-m {PACKAGE}.train" in command and "format.path=" in command and "|" not in command]
     picked = [re.search(r"(?:^| )data=(\w+)", command) for command in commands]
     assert commands and all(found and found[1] not in options.having("data", "built_in") for found in picked), commands

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.full
 
 
 def readme_line(nodes: int, processes: int) -> list[str]:
-    """The README's command for several nodes, with this interpreter's torchrun and `processes` per node: every
+    """docs/distributed.md's command for several nodes, with this interpreter's torchrun and `processes` per node: every
     argument up to `-m <package>.train`, the environment it sets first included."""
-    text = (PROJECT / "README.md").read_text()
+    text = (PROJECT / "docs/distributed.md").read_text()
     start = text.index("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=")
     line = text[start:text.index(f"-m {PACKAGE}.train", start)].replace("\\\n", " ")
     words = shlex.split(line)
@@ -127,10 +127,10 @@ SLOW = pytest.mark.slow  # the scale itself: make test-slow
                          ids=["two nodes of one", "two nodes of two"])
 def test_two_nodes_train_in_blocks_and_a_node_that_dies_is_replaced_with_every_image_once(per_node, epochs, nodes,
                                                                                           tmp_path, blocks_pack):
-    """The README's line on two nodes, gloo across the link, order=blocks with loader.num_workers=auto measured by
-    each node for itself. Mid-epoch node1 dies; its replacement, whose cache says one worker more than node1's did,
-    joins, torchrun restarts the job, it resumes from node0's checkpoint of its last step, and every epoch's coverage
-    check holds, the resumed one against what was trained before the failure."""
+    """The line of docs/distributed.md on two nodes, gloo across the link, order=blocks with loader.num_workers=auto
+    measured by each node for itself. Mid-epoch node1 dies; its replacement, whose cache says one worker more than
+    node1's did, joins, torchrun restarts the job, it resumes from node0's checkpoint of its last step, and every
+    epoch's coverage check holds, the resumed one against what was trained before the failure."""
     processes = 2 * per_node
     steps_per_epoch = IMAGES // (BATCH * processes)
     pack, tree = blocks_pack
@@ -142,7 +142,7 @@ def test_two_nodes_train_in_blocks_and_a_node_that_dies_is_replaced_with_every_i
     environments = [{**os.environ, **CPU_ONLY, "XDG_CACHE_HOME": str(cache)} for cache in caches]
     logs = [tmp_path / f"node{node}.txt" for node in range(2)]
     agents = [nodes.start(node, command, tmp_path, logs[node], environments[node]) for node in range(2)]
-    run_dir = tmp_path / "outputs/torchrun-exp1"  # the README's --rdzv-id
+    run_dir = tmp_path / "outputs/torchrun-exp1"  # docs/distributed.md's --rdzv-id
 
     # Into the second epoch, right after a window: the failure lands mid-epoch, before the next window.
     wait_for(lambda: any(window["step"] >= steps_per_epoch + LOG_EVERY for window in logged_windows(run_dir)), *agents,
