@@ -1,8 +1,6 @@
 """The loader benchmark behind `python -m <package>.bench`: the rows, the references, bench.csv and bench.png."""
 import logging
-import multiprocessing
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -11,7 +9,6 @@ from pathlib import Path
 import psutil
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader
 
 from ... import options
 from ...contracts import Decoder, Stores
@@ -19,15 +16,16 @@ from ...core.config import build
 from ...core.errors import ConfigError
 from ...core.distributed import ALONE
 from ...core.files import bytes_in
-from ...core.hardware import synchronize
-from ...data.decoder import DECODE_ERRORS, CpuDecoder
-from ...data.images import REPLACEMENTS, Splits, WrongDataSet, make_splits
+from ...data.decoder import CpuDecoder
+from ...data.images import Splits, make_splits
 from ...data.loaders import training_loader
 from ...data.sources import Source
 from ...data.staging import no_staging
 from ...data.workers import pick_num_workers, work_of
+from .baseline import baseline
 from .checks import checked_source
 from .results import BenchCsv
+from .timing import Timed, time_epochs
 from .report import chart
 from .ceilings import CEILING_FILES, Ceilings, cores_for
 from ..pack import pack, pack_path, tree_key
@@ -35,32 +33,6 @@ from .staged import counted, stagings, timed_staging
 from .storage_probe import probe
 
 log = logging.getLogger(__name__)
-
-@dataclass
-class Timed:
-    rate: float  # images per second over the timed epochs
-    epoch_start_s: float  # from an epoch's start to its first batch, the mean over the timed epochs
-
-
-def time_epochs(loader, epochs: int, uploads=lambda batches: batches, device: torch.device = ALONE.device,
-                set_epoch=lambda epoch: None) -> Timed:
-    """`epochs` whole passes, the batches through `uploads` (as a prefetcher takes them to the device), after one
-    untimed pass; `set_epoch` starts each, as training starts its epochs."""
-    set_epoch(0)
-    for _ in uploads(loader):
-        pass
-    synchronize(device)
-    start, images, epoch_starts = time.perf_counter(), 0, []
-    for epoch in range(1, epochs + 1):
-        set_epoch(epoch)
-        epoch_start = time.perf_counter()
-        for index, (_, labels) in enumerate(uploads(loader)):
-            if index == 0:
-                epoch_starts.append(time.perf_counter() - epoch_start)
-            images += len(labels)
-    synchronize(device)
-    return Timed(images / (time.perf_counter() - start), sum(epoch_starts) / max(1, len(epoch_starts)))
-
 
 def make_decoder(name: str, batch_size: int, device: torch.device, settings: dict) -> Decoder:
     """The decoder option `name` as training builds it with `settings`, or a ConfigError saying why this
@@ -93,46 +65,6 @@ def timed_decoders(names: list[str], batch_size: int, device: torch.device) -> t
             continue
         runnable[name].overrides = overrides  # what training needs, beside decoder=<name>, to decode as its row did
     return runnable, unable
-
-
-class SkippingImageFolder:
-    """torchvision's ImageFolder under the skip policy training has: an unreadable image is counted once and the
-    next one takes its place (pytorch/examples itself would stop at the first)."""
-
-    def __init__(self, root: Path, transform):
-        from torchvision import datasets
-
-        self.folder = datasets.ImageFolder(str(root), transform)
-        self.bad = multiprocessing.RawArray("b", len(self.folder))  # seen from every worker
-
-    def __len__(self) -> int:
-        return len(self.folder)
-
-    def __getitem__(self, index: int):
-        for position in (index + offset for offset in range(REPLACEMENTS)):
-            position %= len(self.folder)
-            try:
-                return self.folder[position]
-            except DECODE_ERRORS:
-                self.bad[position] = 1
-        raise WrongDataSet(f"{REPLACEMENTS} images in a row from {self.folder.samples[index][0]} on are unreadable: "
-                           "is this the data set you meant?")
-
-
-def baseline(root: Path, size: int, batch_size: int, num_workers: int, epochs: int,
-             device: torch.device) -> tuple[float, int]:
-    """pytorch/examples imagenet's training loader, as its users run it: images/s, and the unreadable images met."""
-    from torchvision import transforms
-
-    recipe = transforms.Compose([transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(),
-                                 transforms.ToTensor(),
-                                 transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
-    dataset = SkippingImageFolder(root / "train", recipe)
-    timed = time_epochs(DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                                   num_workers=num_workers, persistent_workers=num_workers > 0), epochs,
-                        lambda batches: ((images.to(device, non_blocking=True), labels) for images, labels in batches),
-                        device)
-    return timed.rate, sum(dataset.bad)
 
 
 def format_node(format: str, source: Source, pack_dir: Path, key: str, short_side: int) -> DictConfig:
