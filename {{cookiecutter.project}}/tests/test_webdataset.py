@@ -1,0 +1,207 @@
+"""format=webdataset: tar shards read by index, timm's layout read as pack writes it, damaged shards refused in one
+line. The round trip, the refusals every packed format shares and the tiny training runs are test_format.py's and
+test_zoo.py's, which glob conf/format/."""
+import json
+import shutil
+import tarfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.core.errors import ConfigError
+from {{ cookiecutter.package }}.data import sources
+from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
+from {{ cookiecutter.package }}.data.format import webdataset as shards
+from {{ cookiecutter.package }}.data.images import make_splits
+from {{ cookiecutter.package }}.data.loaders import make_loader
+from {{ cookiecutter.package }}.data.staging import no_staging
+
+from conftest import encoded, photo
+
+webdataset = pytest.importorskip("webdataset", reason="pip install -e '.[webdataset]'")
+
+CPU = torch.device("cpu")
+
+
+def open_shards(path: Path, train_shards: str | None = None, val_shards: str | None = None):
+    return shards.Webdataset(str(path), train_shards, val_shards).stores(None, no_staging)
+
+
+def write_shard(path: Path, samples: list[dict]) -> None:
+    with webdataset.TarWriter(str(path)) as tar:
+        for sample in samples:
+            tar.write(sample)
+
+
+def timm_folder(root: Path, info: bool = True) -> tuple[Path, dict]:
+    """Shards as timm's imagenet-1k-wds has them (two training, one validation, .jpg and .cls) and its _info.json;
+    the labels each split holds, in order."""
+    root.mkdir()
+    labels = {"train": [[3, 0, 7], [1, 3]], "validation": [[0, 7]]}
+    splits = {}
+    for split, per_shard in labels.items():
+        names = [f"imagenet1k-{split}-{shard:02d}.tar" for shard in range(len(per_shard))]
+        for name, shard_labels in zip(names, per_shard):
+            write_shard(root / name, [{"__key__": f"n{label:08d}_{name[-6:-4]}{i}",
+                                       "jpg": encoded(photo(40, 30, seed=i)), "cls": label}
+                                      for i, label in enumerate(shard_labels)])
+        splits[split] = {"name": split, "num_samples": sum(map(len, per_shard)), "filenames": names,
+                         "shard_lengths": list(map(len, per_shard))}
+    if info:
+        (root / shards.INFO).write_text(json.dumps({"name": "imagenet-1k", "splits": splits}))
+    return root, {split: sum(per_shard, []) for split, per_shard in labels.items()}
+
+
+def test_a_timm_layout_folder_is_read_with_its_lengths_labels_and_bytes(tmp_path):
+    root, labels = timm_folder(tmp_path / "in1k")
+    stores = open_shards(root)
+    assert len(stores.train) == 5 and len(stores.val) == 2
+    assert stores.train.labels.tolist() == labels["train"] and stores.val.labels.tolist() == labels["validation"]
+    assert stores.classes == [str(label) for label in range(8)]  # numbered: no pack.json names them
+    assert stores.train.read(3) == (encoded(photo(40, 30, seed=0)), 1)
+    assert stores.train.name(3) == f"{root / 'imagenet1k-train-01.tar'}[0]"
+    assert stores.train.files([0, 4]) == [root / "imagenet1k-train-00.tar", root / "imagenet1k-train-01.tar"]
+
+
+def test_the_index_is_kept_so_a_second_start_reads_no_shard(tmp_path, monkeypatch):
+    root, labels = timm_folder(tmp_path / "in1k")
+    open_shards(root)
+    assert len(list(root.glob("_index-*.npz"))) == 2  # one per split
+
+    def read_again(path):
+        raise AssertionError(f"{path} read again")
+
+    monkeypatch.setattr(shards, "index_shard", read_again)
+    assert open_shards(root).train.labels.tolist() == labels["train"]
+
+
+def test_a_folder_that_cannot_keep_the_index_is_indexed_in_memory(tmp_path, monkeypatch):
+    root, labels = timm_folder(tmp_path / "in1k")
+
+    def read_only(self, target):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "replace", read_only)
+    assert open_shards(root).train.labels.tolist() == labels["train"]
+    assert sorted(path.name for path in root.iterdir() if not path.name.endswith(".tar")) == [shards.INFO]
+
+
+def test_shards_without_info_are_named_by_brace_patterns(tmp_path):
+    root, labels = timm_folder(tmp_path / "in1k", info=False)
+    with pytest.raises(ConfigError) as refused:
+        open_shards(root)
+    assert str(refused.value) == (f"{root} has no _info.json listing its train shards: it is not a packed data set, "
+                                  "or pass the shards' names, as in format.train_shards='train-{0000..0099}.tar'")
+    stores = open_shards(root, "imagenet1k-train-{00..01}.tar", "imagenet1k-validation-00.tar")
+    assert stores.train.labels.tolist() == labels["train"] and stores.val.labels.tolist() == labels["validation"]
+
+
+def test_a_missing_shard_is_one_line_naming_it(tmp_path):
+    root, _ = timm_folder(tmp_path / "in1k")
+    with pytest.raises(ConfigError) as refused:
+        open_shards(root, "imagenet1k-train-{00..02}.tar")
+    assert str(refused.value) == (f"{root / 'imagenet1k-train-02.tar'} does not exist, though "
+                                  "format.train_shards=imagenet1k-train-{00..02}.tar names it: fix the pattern, or "
+                                  "copy the shard again")
+    (root / "imagenet1k-validation-00.tar").unlink()
+    with pytest.raises(ConfigError) as refused:
+        open_shards(root)
+    assert str(refused.value) == (f"{root / 'imagenet1k-validation-00.tar'} does not exist, though "
+                                  f"{root / '_info.json'} names it: fix the pattern, or copy the shard again")
+
+
+def test_a_truncated_shard_is_one_line_naming_it(tmp_path):
+    root, _ = timm_folder(tmp_path / "in1k")
+    shard = root / "imagenet1k-train-01.tar"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:data.index(encoded(photo(40, 30, seed=1))) + 10])  # cut in its last image
+    with pytest.raises(ConfigError) as refused:
+        open_shards(root)
+    assert str(refused.value) == (f"{shard} is not a readable tar shard (n00000003_011.jpg runs past the end of the "
+                                  "file): truncated or damaged; write it again")
+
+
+def test_a_shard_holding_fewer_samples_than_info_says_is_refused(tmp_path):
+    root, _ = timm_folder(tmp_path / "in1k")
+    info = json.loads((root / shards.INFO).read_text())
+    info["splits"]["train"]["shard_lengths"] = [3, 4]
+    (root / shards.INFO).write_text(json.dumps(info))
+    with pytest.raises(ConfigError) as refused:
+        open_shards(root)
+    assert str(refused.value) == (f"{root / 'imagenet1k-train-01.tar'} holds 2 samples where {root / '_info.json'} "
+                                  "says 4: truncated or replaced; copy or write it again")
+
+
+@pytest.mark.parametrize("sample, message", [
+    ({"__key__": "a", "jpg": b"x"}, "sample a has no .cls, where every sample keeps its class number; write the "
+                                    "shard again with one"),
+    ({"__key__": "a", "cls": 1}, "sample a has no image (jpg, jpeg, png, webp); drop it from the shard or add its "
+                                 "image"),
+    ({"__key__": "a", "jpg": b"x", "cls": b"cat"}, "a.cls holds b'cat', not a class number; write the shard again"),
+])
+def test_a_sample_without_its_label_or_image_is_one_line(tmp_path, sample, message):
+    root, _ = timm_folder(tmp_path / "in1k")
+    write_shard(root / "imagenet1k-validation-00.tar", [sample])
+    with pytest.raises(ConfigError) as refused:
+        open_shards(root)
+    assert str(refused.value) == f"{root / 'imagenet1k-validation-00.tar'}: {message}"
+
+
+def test_an_unreadable_image_is_skipped_and_counted_as_in_every_format(tmp_path):
+    root, _ = timm_folder(tmp_path / "in1k")
+    write_shard(root / "imagenet1k-train-01.tar", [{"__key__": "bad", "jpg": b"not a jpeg", "cls": 1},
+                                                   {"__key__": "good", "jpg": encoded(photo(40, 30)), "cls": 3}])
+    source = sources.folder(None, 16, 20, "skip", max_bad_fraction=0.5)
+    splits = make_splits(source, open_shards(root), PilDecoder())
+    batches = make_loader(splits.train, 2, False, 0, World(0, 0, 1, CPU), num_workers=0, prefetch_factor=2,
+                          pin_memory=False, persistent_workers=False, collate=splits.decoder.collate)
+    assert sum(len(labels) for _, labels in batches) == 5  # the bad image's place taken by another
+    assert splits.skipped_files(World(0, 0, 1, CPU)) == 1
+
+
+class Checksums(torch.utils.data.Dataset):
+    """Each sample's bytes as a checksum, with its label, for the key the sampler asks for."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __len__(self):
+        return len(self.store)
+
+    def __getitem__(self, key):
+        data, label = self.store.read(key[0])
+        return torch.tensor([zlib.crc32(data), label])
+
+
+def test_two_ranks_take_every_sample_once_an_epoch_with_the_source_labels(packs, tiny_root):
+    store = open_shards(packs["webdataset"]).train
+    classes = sorted(path.name for path in (tiny_root / "train").iterdir())
+    source = sorted([zlib.crc32(path.read_bytes()), classes.index(path.parent.name)]
+                    for path in (tiny_root / "train").rglob("*") if path.is_file())
+    assert len(store.files(list(range(len(store))))) > 1, "several shards: chunk_mb is small in the packs fixture"
+    for epoch in (0, 1):
+        taken = []
+        for rank in (0, 1):
+            loader = make_loader(Checksums(store), 3, True, 0, World(rank, rank, 2, CPU), num_workers=0,
+                                 prefetch_factor=2, pin_memory=False, persistent_workers=False)
+            loader.set_epoch(epoch)
+            taken.append([row.tolist() for batch in loader for row in batch])
+        assert len(taken[0]) == len(taken[1]) == len(source) // 2
+        assert sorted(taken[0] + taken[1]) == source
+
+
+def test_pack_lists_its_shards_in_timm_info_and_keeps_their_index(packs, tmp_path):
+    copy = shutil.copytree(packs["webdataset"], tmp_path / "copy")
+    info = json.loads((copy / shards.INFO).read_text())
+    stores = open_shards(copy)
+    for split, store in (("train", stores.train), ("validation", stores.val)):
+        listed = info["splits"][split]
+        assert listed["num_samples"] == sum(listed["shard_lengths"]) == len(store)
+        assert [copy / name for name in listed["filenames"]] == store.paths
+        assert all(tarfile.is_tarfile(path) for path in store.paths)
+    assert len(list(copy.glob("_index-*.npz"))) == 2, "pack indexed both splits: the first start reads no shard"
+    assert np.array_equal(stores.train.labels, open_shards(packs["webdataset"]).train.labels)
