@@ -135,7 +135,9 @@ class Shards(Store):
 
     def __init__(self, paths: list[Path], index: np.ndarray):
         super().__init__(index[:, 3].copy())
-        self.paths, self.shard, self.offset, self.size = paths, index[:, 0], index[:, 1], index[:, 2]
+        # An array, like the index, where a list would be a Python object per shard (as many as the images, at worst).
+        self.paths = np.array([str(path) for path in paths])
+        self.shard, self.offset, self.size = index[:, 0], index[:, 1], index[:, 2]
         self.starts = np.searchsorted(self.shard, np.arange(len(paths)))  # each shard's first sample
 
     def payload(self, index: int) -> bytes:
@@ -148,7 +150,7 @@ class Shards(Store):
         return f"{self.paths[shard]}[{index - self.starts[shard]}]"
 
     def files(self, indices: list[int]) -> list[Path]:
-        return [self.paths[shard] for shard in np.unique(self.shard[indices])]
+        return [Path(self.paths[shard]) for shard in np.unique(self.shard[indices])]
 
 
 def read_json(path: Path) -> dict | None:
