@@ -162,6 +162,7 @@ def test_the_suite_collects_without_the_optional_extras():
     assert " error" not in result.stdout and "tests collected" in result.stdout
 
 
+@pytest.mark.full  # a fresh interpreter, 4.5 s
 def test_a_run_that_builds_no_torchvision_model_never_imports_torchvision():
     """torchvision costs an interpreter seconds to import (it brings torch._dynamo): a refusal, `--help` or a run of
     another library's model pays nothing for it. A fresh interpreter, since this one has imported it."""

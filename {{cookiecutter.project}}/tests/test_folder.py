@@ -234,6 +234,7 @@ def growth_per_image_kb(store: Store, reads: int = 20_000, workers: int = 2) -> 
     return (after - before) / (reads - warm * 100)
 
 
+@pytest.mark.full  # a measurement of a worker's memory over a large index, 3.4 s
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="reads /proc/<pid>/smaps_rollup (Linux)")
 def test_a_workers_memory_stays_flat_as_it_reads_images_of_a_large_index(tmp_path):
     """200,000 entries (16 real files, each named over and over), 20,000 random reads by 2 workers. The list of Paths

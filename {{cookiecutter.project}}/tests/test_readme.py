@@ -9,7 +9,7 @@ import pytest
 from {{ cookiecutter.package }}.options import check
 
 from helpers.paths import PACKAGE, PROJECT
-from helpers.runs import hydra_run, summary, tiny
+from helpers.runs import hydra_run, tiny
 
 README = (PROJECT / "README.md").read_text()
 DOCS = sorted((PROJECT / "docs").glob("*.md"))
@@ -52,11 +52,11 @@ def own_data_overrides(command: str) -> tuple[str, ...]:
     return tuple(word for word in shlex.split(command)[3:] if not word.startswith("data.root="))
 
 
-def test_the_first_screen_trains_on_a_class_folder_tree_and_ends_with_the_report(train_cli, tmp_path):
+def test_the_first_screen_trains_on_a_class_folder_tree_and_ends_with_the_report(train_in_process, caplog):
+    caplog.set_level("INFO")
     overrides = own_data_overrides(first_screen()[1])
-    result = train_cli(tmp_path / "run", *overrides)
-    assert "==== where the time went ====" in result.stdout + result.stderr
-    assert summary(tmp_path / "run").choices["data"] == "folder"
+    assert train_in_process(*overrides).choices["data"] == "folder"
+    assert "==== where the time went ====" in caplog.text
 
 
 def test_the_first_screen_tune_command_passes_the_checks(cache_dir, tiny_root, tmp_path):
