@@ -30,15 +30,19 @@ class Packed(Store):
         return [self.path]
 
 
-def read_meta(folder: Path, format: str) -> dict:
-    """pack.json of a packed folder, refusing a folder of another format or one whose files do not match it."""
-    meta_path = folder / META
+def check_folder(folder: Path, writes: str = "write it with python -m {{ cookiecutter.package }}.pack") -> None:
+    """Refuse, in one line, a format.path that is a file or does not exist; `writes` says how to make one."""
     if folder.is_file():
         raise ConfigError(f"format.path={folder} is a file; pass the folder pack wrote (its pack.out, which holds "
                           f"{META})")
     if not folder.is_dir():
-        raise ConfigError(f"format.path={folder} does not exist; "
-                          "write it with python -m {{ cookiecutter.package }}.pack")
+        raise ConfigError(f"format.path={folder} does not exist; {writes}")
+
+
+def read_meta(folder: Path, format: str) -> dict:
+    """pack.json of a packed folder, refusing a folder of another format or one whose files do not match it."""
+    meta_path = folder / META
+    check_folder(folder)
     try:
         meta = json.loads(meta_path.read_text())
     except FileNotFoundError:

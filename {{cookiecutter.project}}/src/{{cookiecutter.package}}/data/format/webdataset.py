@@ -23,7 +23,7 @@ import numpy as np
 
 from ...contracts import Format, Store, Stores
 from ...core.errors import ConfigError
-from . import META, SPLITS
+from . import META, SPLITS, check_folder
 
 log = logging.getLogger(__name__)
 
@@ -164,12 +164,8 @@ def read_json(path: Path) -> dict | None:
 
 def open_shards(folder: Path, patterns: dict[str, str | None]) -> Stores:
     """Both splits of the shards in `folder`; the class names from pack.json, else numbered."""
-    if folder.is_file():
-        raise ConfigError(f"format.path={folder} is a file; pass the folder pack wrote (its pack.out, which holds "
-                          f"{META})")
-    if not folder.is_dir():
-        raise ConfigError(f"format.path={folder} does not exist; write it with python -m "
-                          "{{ cookiecutter.package }}.pack format=webdataset pack.out=<folder>, or pass your shards' folder")
+    check_folder(folder, "write it with python -m {{ cookiecutter.package }}.pack format=webdataset "
+                 "pack.out=<folder>, or pass your shards' folder")
     meta = read_json(folder / META)  # pack's; a folder of someone else's shards has none
     if meta is not None and meta.get("format") != "webdataset":
         raise ConfigError(f"{folder} holds format={meta.get('format')}, not format=webdataset")
