@@ -50,7 +50,15 @@ def wandb_figures(run_dir, logger) -> dict:
     return {(last[tag], tag): logger.run.summary[tag] for tag in last}
 
 
-READ_BACK = {"tensorboard": tensorboard_figures, "csv": table_figures, "jsonl": json_figures, "wandb": wandb_figures}
+def mlflow_figures(run_dir, logger) -> dict:
+    """Every value of the run's metric histories, read from the store in the run folder by MLflow's own client."""
+    history = logger.client.get_metric_history
+    return {(metric.step, tag): metric.value for tag in logger.client.get_run(logger.run_id).data.metrics
+            for metric in history(logger.run_id, tag)}
+
+
+READ_BACK = {"tensorboard": tensorboard_figures, "csv": table_figures, "jsonl": json_figures, "wandb": wandb_figures,
+             "mlflow": mlflow_figures}
 
 
 def test_every_logger_has_a_way_to_read_it_back_here():
@@ -71,6 +79,29 @@ def test_every_logger_keeps_each_windows_figures(option, tmp_path):
         return
     logger.close()
     assert READ_BACK[option](tmp_path, logger) == given
+
+
+@pytest.mark.parametrize("option", installed("logger", ["mlflow"]))
+def test_a_resumed_run_goes_on_in_the_mlflow_run_its_folder_started(option, tmp_path):
+    node = OmegaConf.load(CONF / "logger" / f"{option}.yaml")
+    first = build(node, run_dir=tmp_path)
+    first.scalars({"train/loss": 2.0}, 10)
+    first.close()
+    again = build(node, run_dir=tmp_path)
+    again.scalars({"train/loss": 1.0}, 20)
+    again.close()
+    assert again.run_id == first.run_id and (tmp_path / "mlruns.db").is_file()
+    assert mlflow_figures(tmp_path, again) == {(10, "train/loss"): 2.0, (20, "train/loss"): 1.0}
+
+
+@pytest.mark.parametrize("option", installed("logger", ["mlflow"]))
+def test_an_mlflow_store_it_cannot_open_is_refused_in_one_line(option, tmp_path):
+    node = OmegaConf.load(CONF / "logger" / f"{option}.yaml")
+    node.tracking_uri = "nosuch://tracking"
+    with pytest.raises(ConfigError, match=r"^logger=mlflow could not start a run at nosuch://tracking \(.+\): pass "
+                                          r"logger.tracking_uri=null, a store in the run folder, or a server it "
+                                          r"reaches$"):
+        build(node, run_dir=tmp_path)
 
 
 @pytest.mark.parametrize("option", installed("logger", ["wandb"]))

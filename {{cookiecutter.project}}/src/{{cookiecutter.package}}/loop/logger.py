@@ -1,9 +1,10 @@
-"""Where the per-window numbers go: TensorBoard, a CSV table (`logger=csv`), Weights & Biases (`logger=wandb`), JSON
-lines (`logger=jsonl`), or nowhere (`logger=none`); each a `Logger` (contracts/)."""
+"""Where the per-window numbers go: TensorBoard, a CSV table (`logger=csv`), Weights & Biases (`logger=wandb`), MLflow
+(`logger=mlflow`), JSON lines (`logger=jsonl`), or nowhere (`logger=none`); each a `Logger` (contracts/)."""
 import csv
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -169,6 +170,37 @@ class WandbLogger:
         self.run.finish()
 
 
+class MlflowLogger:
+    """An MLflow run, in a SQLite store in the run folder (`mlruns.db`) unless logger.tracking_uri names a server or
+    another store: nothing leaves the machine by default. A resumed run goes on in the MLflow run its folder started
+    (found by the folder's path, its tag), so that one curve spans the restarts."""
+
+    def __init__(self, run_dir: Path, experiment: str, tracking_uri: str | None):
+        import mlflow
+        from mlflow.entities import Metric
+
+        self.metric, folder = Metric, str(Path(run_dir).resolve())
+        uri = tracking_uri or f"sqlite:///{folder}/mlruns.db"
+        try:
+            self.client = mlflow.MlflowClient(uri)
+            found = self.client.get_experiment_by_name(experiment)
+            experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+            started = self.client.search_runs([experiment_id], f"tags.run_dir = '{folder}'", max_results=1)
+            self.run_id = started[0].info.run_id if started else self.client.create_run(
+                experiment_id, run_name=Path(folder).name, tags={"run_dir": folder}).info.run_id
+            self.client.update_run(self.run_id, status="RUNNING")
+        except mlflow.exceptions.MlflowException as err:
+            raise ConfigError(f"logger=mlflow could not start a run at {uri} ({str(err).strip().splitlines()[0]}): "
+                              "pass logger.tracking_uri=null, a store in the run folder, or a server it reaches") from None
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, [self.metric(tag, float(value), now, step) for tag, value in values.items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
 def tensorboard(run_dir: Path) -> Logger:
     return TensorBoardLogger(Path(run_dir) / "tb")
 
@@ -179,6 +211,10 @@ def csv_table(run_dir: Path, file: str) -> Logger:
 
 def wandb(run_dir: Path, project: str, mode: str) -> Logger:
     return WandbLogger(Path(run_dir), project, mode)
+
+
+def mlflow(run_dir: Path, experiment: str, tracking_uri: str | None) -> Logger:
+    return MlflowLogger(Path(run_dir), experiment, tracking_uri)
 
 
 def jsonl(run_dir: Path, file: str) -> Logger:
