@@ -81,6 +81,7 @@ def test_every_logger_keeps_each_windows_figures(option, tmp_path):
     assert READ_BACK[option](tmp_path, logger) == given
 
 
+@pytest.mark.full  # MLflow's store set up twice, 2 s
 @pytest.mark.parametrize("option", installed("logger", ["mlflow"]))
 def test_a_resumed_run_goes_on_in_the_mlflow_run_its_folder_started(option, tmp_path):
     node = OmegaConf.load(CONF / "logger" / f"{option}.yaml")
@@ -90,8 +91,24 @@ def test_a_resumed_run_goes_on_in_the_mlflow_run_its_folder_started(option, tmp_
     again = build(node, run_dir=tmp_path)
     again.scalars({"train/loss": 1.0}, 20)
     again.close()
-    assert again.run_id == first.run_id and (tmp_path / "mlruns.db").is_file()
+    assert again.run_id == first.run_id == (tmp_path / "mlflow-run-id").read_text()
+    assert (tmp_path / "mlruns.db").is_file()
     assert mlflow_figures(tmp_path, again) == {(10, "train/loss"): 2.0, (20, "train/loss"): 1.0}
+
+
+@pytest.mark.full  # two W&B runs started, 3 s
+@pytest.mark.parametrize("option", installed("logger", ["wandb"]))
+def test_a_resumed_run_goes_on_in_the_wandb_run_its_folder_started(option, tmp_path):
+    node = OmegaConf.load(CONF / "logger" / f"{option}.yaml")
+    ids = []
+    for step in (10, 20):
+        logger = build(node, run_dir=tmp_path)
+        logger.scalars({"train/loss": 1.0}, step)
+        ids.append(logger.run.id)
+        logger.close()
+    assert ids[0] == ids[1] == (tmp_path / "wandb-run-id").read_text()
+    offline = sorted(path.name for path in (tmp_path / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(ids[0] in name for name in offline), offline  # wandb sync joins them by id
 
 
 @pytest.mark.parametrize("option", installed("logger", ["mlflow"]))

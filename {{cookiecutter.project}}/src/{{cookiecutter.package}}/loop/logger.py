@@ -4,6 +4,7 @@ import csv
 import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -143,10 +144,20 @@ class CsvLogger:
                 log.error("%s", err)
 
 
+def kept_run_id(path: Path, new_id) -> str:
+    """The id of the tracker's run this run folder started, kept in `path`; made by `new_id()` and kept there at the
+    folder's first start, so that a resumed run, on any node, goes on in the same tracked run."""
+    if path.is_file():
+        return path.read_text().strip()
+    run_id = new_id()
+    write_atomic(path, lambda temporary: temporary.write_text(run_id))
+    return run_id
+
+
 class WandbLogger:
     """A Weights & Biases run whose files stay in the run folder (`wandb/`). `mode=auto` logs online where an API key
     is set (WANDB_API_KEY) and offline elsewhere, as on a cluster without internet: `wandb sync <run folder>/wandb`
-    uploads it later."""
+    uploads it later. A resumed run goes on in the W&B run its folder started (its id kept in `wandb-run-id`)."""
 
     def __init__(self, run_dir: Path, project: str, mode: str):
         import wandb
@@ -157,8 +168,9 @@ class WandbLogger:
         if mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
         try:
-            self.run = wandb.init(project=project, dir=str(run_dir), name=Path(run_dir).name, mode=mode,
-                                  settings=wandb.Settings(console="off", silent=True))
+            run_id = kept_run_id(Path(run_dir) / "wandb-run-id", lambda: secrets.token_hex(8))
+            self.run = wandb.init(project=project, dir=str(run_dir), name=Path(run_dir).name, mode=mode, id=run_id,
+                                  resume="allow", settings=wandb.Settings(console="off", silent=True))
         except wandb.errors.Error as err:  # no API key, no network: the run would log nowhere
             raise ConfigError(f"logger=wandb could not start a run in mode {mode} ({str(err).splitlines()[0]}): "
                               "pass logger.mode=offline, whose run wandb sync uploads later") from None
@@ -173,7 +185,7 @@ class WandbLogger:
 class MlflowLogger:
     """An MLflow run, in a SQLite store in the run folder (`mlruns.db`) unless logger.tracking_uri names a server or
     another store: nothing leaves the machine by default. A resumed run goes on in the MLflow run its folder started
-    (found by the folder's path, its tag), so that one curve spans the restarts."""
+    (its id kept in `mlflow-run-id`), so that one curve spans the restarts."""
 
     def __init__(self, run_dir: Path, experiment: str, tracking_uri: str | None):
         import mlflow
@@ -185,9 +197,8 @@ class MlflowLogger:
             self.client = mlflow.MlflowClient(uri)
             found = self.client.get_experiment_by_name(experiment)
             experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-            started = self.client.search_runs([experiment_id], f"tags.run_dir = '{folder}'", max_results=1)
-            self.run_id = started[0].info.run_id if started else self.client.create_run(
-                experiment_id, run_name=Path(folder).name, tags={"run_dir": folder}).info.run_id
+            self.run_id = kept_run_id(Path(folder) / "mlflow-run-id", lambda: self.client.create_run(
+                experiment_id, run_name=Path(folder).name, tags={"run_dir": folder}).info.run_id)
             self.client.update_run(self.run_id, status="RUNNING")
         except mlflow.exceptions.MlflowException as err:
             raise ConfigError(f"logger=mlflow could not start a run at {uri} ({str(err).strip().splitlines()[0]}): "
