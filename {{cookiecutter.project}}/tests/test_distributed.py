@@ -268,7 +268,10 @@ def test_a_loader_worker_killed_in_one_process_lets_torchrun_restart_the_group(t
     assert process.returncode == 0, stderr[-3000:]
     assert re.search(rf"error: a loader worker \(pid {loader_worker.pid}\) (died|was killed by a signal)", stderr)
     assert "Traceback" not in stderr
-    assert re.search(r"error: a collective across the processes failed \(Connection (closed|reset) by peer", stderr)
+    # The healthy process's next collective fails (on the closed connection, as a rule), or, where torchrun's
+    # SIGTERM reaches it first, it stops at its window's end: either way in one line, and it does not hang.
+    assert re.search(r"error: a collective across the processes failed \(", stderr) or re.search(
+        r"stopped by ", (run_dir / "train.log").read_text()), stderr[-3000:]
     assert RESUMED.search((run_dir / "train.log").read_text())
     assert summary(run_dir).steps == STEPS_WITH_TWO_PROCESSES
 
