@@ -13,7 +13,7 @@ from ...diagnosis.summary import Summary
 from ..trials import STOPPED, Trial, as_overrides, command_of, run_command
 from .decode import decode_rows, training_jpegs
 from .plan import Budget, check_sections, kind, planned
-from .report import ENVIRONMENT, describe, markdown, run_rows, status, write_csv
+from .report import describe, environment_cells, markdown, run_rows, status, write_csv
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def gpu_check(cfg: DictConfig, run_dir: Path) -> Path:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env, budget = describe(device), Budget(cfg.gpu_check.minutes, OmegaConf.to_container(cfg.gpu_check.expect_s))
     decoded = decode_stage(cfg, device, budget)
-    rows = [{"section": "decode", **row, **{key: env.get(key, "") for key in ENVIRONMENT}} for row in decoded]
+    rows = [{"section": "decode", **row, **environment_cells(env)} for row in decoded]
     write_csv(run_dir, rows)
     runs = planned(cfg)
     for done, (_, trial) in enumerate(runs, 1):
@@ -88,7 +88,7 @@ def gpu_check(cfg: DictConfig, run_dir: Path) -> Path:
     bench = bench_stage(cfg, run_dir, budget)
     bench_rows = [{"section": "bench", "name": f"{row['decoder']}/{row['format']}/w{row['num_workers']}",
                    "images_per_s": row["images_per_s"], "status": row["note"] or "ok",
-                   "command": " ".join(cfg.gpu_check.bench), **{key: env.get(key, "") for key in ENVIRONMENT}}
+                   "command": " ".join(cfg.gpu_check.bench), **environment_cells(env)}
                   for row in bench[0]]
     write_csv(run_dir, rows + run_rows(runs, env) + bench_rows)
     report = run_dir / "report.md"

@@ -28,8 +28,9 @@ def training_jpegs(cfg: DictConfig, count: int) -> list[Path]:
 def decode_rows(files: list[Path], device: torch.device, backends: list[str], repeats: int) -> list[dict]:
     """One row per backend: its decode rate, one batched call for all `files` at a time, and how far its pixels are
     from Pillow's; or why it did not run."""
-    encoded = [torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8) for path in files]
-    reference = [torch.tensor(pillow_decode(path.read_bytes(), shrink=1)).permute(2, 0, 1) for path in files]
+    data = [path.read_bytes() for path in files]
+    encoded = [torch.frombuffer(bytearray(raw), dtype=torch.uint8) for raw in data]
+    reference = [torch.tensor(pillow_decode(raw, shrink=1)).permute(2, 0, 1) for raw in data]
     rows = []
     for backend in backends:
         decode, refusal = BACKENDS[backend]

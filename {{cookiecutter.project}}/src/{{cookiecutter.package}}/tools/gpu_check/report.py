@@ -53,6 +53,11 @@ def describe(device: torch.device) -> dict[str, str]:
             "cudnn": str(torch.backends.cudnn.version())}
 
 
+def environment_cells(env: dict[str, str]) -> dict[str, str]:
+    """The machine's columns of a row, the same in every row of gpu_check.csv."""
+    return {key: env.get(key, "") for key in ENVIRONMENT}
+
+
 def eager_rate(runs: dict[str, Trial], name: str) -> float:
     """The rate of the eager run of `name`'s model (`<model>/<step>`), 0 where it has none."""
     eager = runs.get(f"{name.split('/')[0]}/eager")
@@ -71,7 +76,7 @@ def run_rows(runs: list[tuple[str, Trial]], env: dict[str, str]) -> list[dict]:
                      "data_frac": round(run.figures.get("data_frac", 0.0), 3),
                      "host_frac": round(run.figures.get("host_frac", 0.0), 3),
                      "bound": run.summary.bound if run.summary else "", "status": status(run),
-                     "command": " ".join(as_overrides(run.change)), **{key: env.get(key, "") for key in ENVIRONMENT}})
+                     "command": " ".join(as_overrides(run.change)), **environment_cells(env)})
     return rows
 
 
