@@ -11,30 +11,34 @@ of experiment=fashion_mnist trains 10 epochs of 60,000 images, so the whole tabl
 Every row trains `experiment=fashion_mnist` with its overrides (ResNet-18, 28-pixel crops, batch 128, SGD with
 Nesterov momentum at lr 0.2, a linear warm-up of one epoch then cosine decay, label smoothing 0.1). The reference
 row runs torchvision's `references/classification/train.py` from a checkout of torchvision (`--reference`; this
-project holds none of its code) with the same settings, as far as its flags go: its schedule steps once per epoch
-and decays the biases, where this project's steps per batch and does not. It has no seed flag, so its runs differ
-by their random start alone. The row `experiment=fast_to_accuracy` trains that recipe in place of
-experiment=fashion_mnist.
+project holds none of its code) with the same settings, biases not decayed (`--bias-weight-decay=0`), its output
+kept in its run folder's train.log. Its schedule steps once per epoch; this loop's default steps per batch, and the
+row `schedule=epoch_cosine` steps as the reference's does. The two rows with `schedule.warmup_epochs=0` complete
+the 2x2 of warm-up on or off by per-step or per-epoch. The reference has no seed flag, so its runs differ by their
+random start alone. The row `experiment=fast_to_accuracy` trains that recipe in place of experiment=fashion_mnist.
 
-With --jobs above 1, runs share the machine, so their minutes compare rows within one table only; time one row
-against another alone with --jobs 1. Each run's time to the --levels of validation top-1 comes from its
-summary.json. The table is rewritten (whole, under a temporary name) as each row completes, so a table cut short
-keeps the rows it finished.
+Each run's result is kept in its folder under --work (by row, epochs and seed), so the same command run again
+after a table was cut short trains only the runs it lacks. With --jobs above 1, runs share the machine, so their
+minutes compare rows within one table only; time one row against another alone with --jobs 1. Each run's time to
+the --levels of validation top-1 comes from its summary.json. The table is rewritten (whole, under a temporary
+name) as each row completes, so a table cut short keeps the rows it finished.
 
-Each row is judged against another: this loop's reference pipeline against torchvision's reference, and each fast
+Each row is judged against the row VARIANTS names: this loop's reference pipeline and its per-epoch schedule
+against torchvision's reference, each schedule's corner without warm-up against its corner with it, and each fast
 path against the reference pipeline. A row is within the other's spread where its mean top-1 is no further from
 the other's mean than twice the larger of the two rows' standard deviations over seeds. The table gives each
 seed's top-1, so the reader can judge otherwise.
 """
 import argparse
 import concurrent.futures
+import json
 import re
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from {{ cookiecutter.package }}.core.errors import ClearError
@@ -45,21 +49,30 @@ PACKAGE = "{{ cookiecutter.package }}"
 RECIPE = "experiment=fashion_mnist"
 SHORT_SIDE = 32  # format=tensor keeps the images at this shorter side: the validation resize, so no detail is lost
 
-# The reference pipeline (decoder=pil: Pillow, as torchvision's reference decodes) first, then one fast path a row.
+# Each row's overrides and the row it is judged against. This loop's reference pipeline (decoder=pil: Pillow, as
+# torchvision's reference decodes) and its schedule stepped per epoch as the reference's is, each against
+# torchvision's reference; the schedule's other two corners of the 2x2 (warm-up on or off, per step or per epoch);
+# then one fast path a row, each against the reference pipeline.
+PIPELINE = "reference pipeline (decoder=pil)"
+PER_EPOCH = "decoder=pil schedule=epoch_cosine"
 VARIANTS = {
-    "reference pipeline (decoder=pil)": ["decoder=pil"],
-    "decoder=turbojpeg (region, DCT scale)": ["decoder=turbojpeg"],
-    "decoder=opencv": ["decoder=opencv"],
-    "format=lmdb": ["format=lmdb", "format.path={packs}/lmdb"],
-    f"format=tensor, pack.short_side={SHORT_SIDE}": ["format=tensor", "decoder=none", "format.path={packs}/tensor"],
-    "order=blocks (format=lmdb)": ["format=lmdb", "format.path={packs}/lmdb", "order=blocks"],
-    "precision=bf16": ["decoder=pil", "precision=bf16"],
-    "model.channels_last=true": ["decoder=pil", "model.channels_last=true"],
-    "experiment=fast_to_accuracy": ["experiment=fast_to_accuracy", "format.path={packs}/tensor"],
+    PIPELINE: (["decoder=pil"], "torchvision"),
+    PER_EPOCH: (["decoder=pil", "schedule=epoch_cosine"], "torchvision"),
+    "decoder=pil schedule.warmup_epochs=0": (["decoder=pil", "schedule.warmup_epochs=0"], PIPELINE),
+    "decoder=pil schedule=epoch_cosine schedule.warmup_epochs=0":
+        (["decoder=pil", "schedule=epoch_cosine", "schedule.warmup_epochs=0"], PER_EPOCH),
+    "decoder=turbojpeg (region, DCT scale)": (["decoder=turbojpeg"], PIPELINE),
+    "decoder=opencv": (["decoder=opencv"], PIPELINE),
+    "format=lmdb": (["format=lmdb", "format.path={packs}/lmdb"], PIPELINE),
+    f"format=tensor, pack.short_side={SHORT_SIDE}":
+        (["format=tensor", "decoder=none", "format.path={packs}/tensor"], PIPELINE),
+    "order=blocks (format=lmdb)": (["format=lmdb", "format.path={packs}/lmdb", "order=blocks"], PIPELINE),
+    "precision=bf16": (["decoder=pil", "precision=bf16"], PIPELINE),
+    "model.channels_last=true": (["decoder=pil", "model.channels_last=true"], PIPELINE),
+    "experiment=fast_to_accuracy": (["experiment=fast_to_accuracy", "format.path={packs}/tensor"], PIPELINE),
 }
 PACKS = {"lmdb": [], "tensor": [f"pack.short_side={SHORT_SIDE}"]}
 REFERENCE = "torchvision's references/classification/train.py"
-PIPELINE = next(iter(VARIANTS))  # this loop's reference pipeline, which each fast path is judged against
 
 
 @dataclass
@@ -98,6 +111,17 @@ class Run:
     reached: dict[str, float] | None = None  # minutes to each level reached; None: not timed
 
 
+def kept(folder: Path, run: Callable[[], Run]) -> Run:
+    """The result `folder` keeps of a run that finished there, else run() with its result kept there: a table cut
+    short goes on from the runs it finished."""
+    record = folder / "accuracy-run.json"
+    if record.is_file():
+        return Run(**json.loads(record.read_text()))
+    result = run()
+    write_atomic(record, lambda path: path.write_text(json.dumps(asdict(result))))
+    return result
+
+
 def overrides(variant: list[str], packs: Path) -> list[str]:
     return [override.format(packs=packs) for override in variant]
 
@@ -125,7 +149,7 @@ def reference_command(script: Path, root: Path, epochs: int, out: Path, device: 
     """torchvision's reference train.py with experiment=fashion_mnist's settings."""
     return [sys.executable, str(script), f"--data-path={root}", "--model=resnet18", f"--epochs={epochs}",
             "--batch-size=128", "--opt=sgd_nesterov", "--lr=0.2", "--momentum=0.9", "--wd=5e-5",
-            "--norm-weight-decay=0", "--label-smoothing=0.1", "--lr-scheduler=cosineannealinglr",
+            "--norm-weight-decay=0", "--bias-weight-decay=0", "--label-smoothing=0.1", "--lr-scheduler=cosineannealinglr",
             "--lr-warmup-epochs=1", "--lr-warmup-method=linear", "--lr-warmup-decay=0.01", "--train-crop-size=28",
             "--val-resize-size=32", "--val-crop-size=28", f"--workers={workers}", f"--device={device}",
             f"--output-dir={out}"]
@@ -140,17 +164,26 @@ def last_top1(log: str) -> float:
 
 
 def reference(script: Path, root: Path, epochs: int, out: Path, device: str, workers: int) -> Run:
+    """One run of torchvision's reference, from this folder (so relative paths mean what they say here), its output
+    kept whole in out/train.log; a run that fails raises with that output's end."""
+    out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    result = subprocess.run(reference_command(script, root, epochs, out, device, workers), check=True,
-                            capture_output=True, text=True, cwd=script.parent)
+    result = subprocess.run(reference_command(script, root.resolve(), epochs, out.resolve(), device, workers),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    write_atomic(out / "train.log", lambda path: path.write_text(result.stdout))
+    if result.returncode:
+        raise RuntimeError(f"the reference run failed with exit code {result.returncode}; {out / 'train.log'} "
+                           f"ends: {result.stdout[-500:]}")
     return Run(last_top1(result.stdout), (time.perf_counter() - start) / 60)
 
 
 def compared_with(name: str, names: list[str]) -> str | None:
-    """The row that the row `name` is judged against, among the rows asked for: torchvision's reference for this
-    loop's reference pipeline, and the reference pipeline (else torchvision's) for each fast path; None for the
-    row nothing is asked before."""
-    ahead = [REFERENCE] if name == PIPELINE else [] if name == REFERENCE else [PIPELINE, REFERENCE]
+    """The row that the row `name` is judged against, among the rows asked for: the one VARIANTS names, else
+    torchvision's reference; None for torchvision's reference itself or where neither was asked for."""
+    if name == REFERENCE:
+        return None
+    named = VARIANTS[name][1]
+    ahead = [REFERENCE] if named == "torchvision" else [named, REFERENCE]
     return next((candidate for candidate in ahead if candidate in names), None)
 
 
@@ -252,18 +285,21 @@ def main() -> None:
                  "references/classification folder")
     packs = args.work / "packs"
     for format, settings in PACKS.items():
-        if any(override == "format.path={packs}/" + format for name in args.variants for override in VARIANTS[name]) and \
-                not (packs / format).exists():
+        wanted = ("format.path={packs}/" + format) in (override for name in args.variants
+                                                        for override in VARIANTS[name][0])
+        if wanted and not (packs / format).exists():
             subprocess.run([sys.executable, "-m", f"{PACKAGE}.pack", f"data.root={args.root}", f"format={format}",
                             f"pack.out={packs / format}", *settings], check=True, stdout=subprocess.DEVNULL)
     rows = {}
     if script is not None:
-        rows[REFERENCE] = lambda seed: reference(
-            script, args.root, args.epochs, args.work / f"reference-{seed}", args.device, args.workers)
+        folder = args.work / "runs" / "torchvision-reference"
+        rows[REFERENCE] = lambda seed: kept(folder / f"epochs{args.epochs}-seed{seed}", lambda: reference(
+            script, args.root, args.epochs, folder / f"epochs{args.epochs}-seed{seed}", args.device, args.workers))
     for name in args.variants:
         runs = args.work / "runs" / re.sub(r"\W+", "-", name).strip("-")
-        rows[name] = lambda seed, name=name, runs=runs: ours(args.root, VARIANTS[name], seed, args.epochs,
-                                                             runs / f"seed{seed}", packs, args.workers, args.levels)
+        rows[name] = lambda seed, name=name, runs=runs: kept(runs / f"epochs{args.epochs}-seed{seed}", lambda: ours(
+            args.root, VARIANTS[name][0], seed, args.epochs, runs / f"epochs{args.epochs}-seed{seed}", packs,
+            args.workers, args.levels))
     finished, failed = measure(rows, args.seeds, args.jobs, args.levels, args.out)
     print(table(finished, list(rows), args.levels))
     if failed:
