@@ -74,12 +74,12 @@ def test_an_epoch_whose_processes_overlap_is_refused_with_the_images_missed_and_
 
 
 
-def blocks_job(run_dir, pack, tree, *overrides: str) -> list[str]:
-    """Two processes of torchrun on the CPU training on `pack` in blocks, 10 steps an epoch each, slowed by 0.3 s a
-    step so that a stop lands part-way through an epoch."""
+def blocks_job(run_dir, pack, tree, *overrides: str, format: tuple[str, ...] = ("format=hdf5",)) -> list[str]:
+    """Two processes of torchrun on the CPU training on `pack` (in `format`) in blocks, 10 steps an epoch each,
+    slowed by 0.3 s a step so that a stop lands part-way through an epoch."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
             f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", "debug=tiny", "data=folder", f"data.root={tree}",
-            "format=hdf5", f"format.path={pack}", "order=blocks", "order.block=4", "order.window=2",
+            *format, f"format.path={pack}", "order=blocks", "order.block=4", "order.window=2",
             "loader.num_workers=2", "train.epochs=2", "logger=jsonl", "faults.host_delay_ms=300", *overrides]
 
 
@@ -95,6 +95,15 @@ def stopped_part_way(run_dir, command) -> None:
     job = subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env={**os.environ, **QUIET, **TWO_PROCESSES})
     stop_one_rank(job, run_dir, "1")
+
+
+def assert_every_image_trained_once_across_the_stop(run_dir) -> None:
+    """Both epochs of 80 images checked, the first stopped part-way by 2 processes of 2 workers and resumed."""
+    epochs = summary(run_dir).coverage
+    assert [(entry["epoch"], entry["checked"], entry["images"], entry["left_out"]) for entry in epochs] == [
+        (0, True, 80, 0), (1, True, 80, 0)]
+    assert 0 < epochs[0]["trained_before_resume"] < 80 and epochs[1]["trained_before_resume"] == 0
+    assert epochs[0]["trained"] + epochs[0]["trained_before_resume"] == 80 and epochs[0]["workers"] == [2, 2]
 
 
 @pytest.mark.full
@@ -118,8 +127,23 @@ def test_a_stopped_and_resumed_epoch_is_checked_against_what_was_trained_before_
         assert refused, resumed.stderr[-3000:]
         return
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    epochs = summary(run_dir).coverage
-    assert [(entry["epoch"], entry["checked"], entry["images"], entry["left_out"]) for entry in epochs] == [
-        (0, True, 80, 0), (1, True, 80, 0)]
-    assert 0 < epochs[0]["trained_before_resume"] < 80 and epochs[1]["trained_before_resume"] == 0
-    assert epochs[0]["trained"] + epochs[0]["trained_before_resume"] == 80 and epochs[0]["workers"] == [2, 2]
+    assert_every_image_trained_once_across_the_stop(run_dir)
+
+
+@pytest.mark.full
+def test_shards_on_s3_stopped_and_resumed_on_two_processes_train_every_image_once_an_epoch(tmp_path, blocks_pack,
+                                                                                           s3_server):
+    """format=webdataset packed to S3 and read back by range, 2 processes x 2 workers: the stop and the resume
+    of the agreed run above, from a bucket."""
+    from {{ cookiecutter.package }}.tools.pack import pack
+
+    run_dir, (_, tree) = tmp_path / "run", blocks_pack
+    pack(tree, "webdataset", "s3://images/blocks", None, 90, 2, False, "raise", endpoint_url=s3_server)
+    on_s3 = ("format=webdataset", f"format.endpoint_url={s3_server}", f"format.cache_dir={tmp_path / 'cache'}")
+    stopped_part_way(run_dir, blocks_job(run_dir, "s3://images/blocks", tree, format=on_s3))
+    resumed = subprocess.run(blocks_job(run_dir, "s3://images/blocks", tree, "resume=auto", format=on_s3),
+                             cwd=PROJECT, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, **QUIET, **TWO_PROCESSES})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_every_image_trained_once_across_the_stop(run_dir)
+    assert "testing" not in (run_dir / "train.log").read_text(), "no secret kept"

@@ -325,8 +325,9 @@ def test_pack_without_pack_out_is_one_line_saying_what_to_give(tiny_root, tmp_pa
 
     with hydra_run("pack", [f"data.root={tiny_root}"], tmp_path) as cfg, pytest.raises(SystemExit) as exited:
         one_line(lambda: pack_command(cfg))
-    assert exited.value.code == ("error: pack.out has no value: pass pack.out=..., the folder to write "
-                                 "(format=litdata: or s3://bucket/prefix), under a temporary name renamed when complete")
+    assert exited.value.code == ("error: pack.out has no value: pass pack.out=..., the folder to write, or "
+                                 "s3://bucket/prefix for litdata and webdataset, under a temporary name renamed when "
+                                 "complete")
 
 
 def test_every_documented_command_that_trains_from_a_pack_names_a_data_option_that_is_not_built_in():

@@ -176,24 +176,6 @@ def test_a_run_cut_short_on_two_processes_finishes_its_plan_on_one(tmp_path, cac
     assert summary(run_dir).steps == 9 + 12 // 2 + 6 * 24 // 2  # the rest of epoch 1, then 6 more of 12 steps
 
 
-@pytest.fixture
-def s3_server(monkeypatch):
-    """A real S3 endpoint on 127.0.0.1 (moto's server), with a bucket; AWS_* set for the processes started."""
-    server_module = pytest.importorskip("moto.server", reason="pip install 'moto[server]'")
-    import boto3
-
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(name, value)
-    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=url).create_bucket(Bucket="images")
-    yield url
-    server.stop()
-
-
 @pytest.mark.full
 def test_pack_to_s3_then_train_from_it(s3_server, tmp_path, cache_dir, tiny_root, packs):
     import boto3

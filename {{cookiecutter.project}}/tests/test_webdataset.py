@@ -19,8 +19,10 @@ from {{ cookiecutter.package }}.data.format import webdataset as shards
 from {{ cookiecutter.package }}.data.images import make_splits
 from {{ cookiecutter.package }}.data.loaders import make_loader
 from {{ cookiecutter.package }}.data.staging import no_staging
+from {{ cookiecutter.package }}.tools.pack import pack
 
 from conftest import encoded, photo
+from helpers.servers import serving
 
 webdataset = pytest.importorskip("webdataset", reason="pip install -e '.[webdataset]'")
 
@@ -201,7 +203,71 @@ def test_pack_lists_its_shards_in_timm_info_and_keeps_their_index(packs, tmp_pat
     for split, store in (("train", stores.train), ("validation", stores.val)):
         listed = info["splits"][split]
         assert listed["num_samples"] == sum(listed["shard_lengths"]) == len(store)
-        assert [str(copy / name) for name in listed["filenames"]] == store.paths.tolist()
-        assert all(tarfile.is_tarfile(path) for path in store.paths)
+        assert [str(copy / name) for name in listed["filenames"]] == [store.where.where(name) for name in store.names]
+        assert all(tarfile.is_tarfile(path) for path in store.files(list(range(len(store)))))
     assert len(list(copy.glob("_index-*.npz"))) == 2, "pack indexed both splits: the first start reads no shard"
     assert np.array_equal(stores.train.labels, open_shards(packs["webdataset"]).train.labels)
+
+
+def open_remote(url: str, cache: Path, train_shards: str | None = None):
+    return shards.Webdataset(url, train_shards, None, str(cache)).stores(None, no_staging)
+
+
+def test_shards_over_http_read_as_local_ones_by_range_one_request_per_shard_a_run_spans(tmp_path):
+    root, labels = timm_folder(tmp_path / "in1k")
+    local = open_shards(root)
+    with serving(root) as (url, requests):
+        remote = open_remote(url, tmp_path / "cache")
+        assert remote.train.labels.tolist() == labels["train"] and remote.val.labels.tolist() == labels["validation"]
+        assert [remote.train.read(index) for index in range(5)] == [local.train.read(index) for index in range(5)]
+        assert remote.train.name(3) == f"{url}/imagenet1k-train-01.tar[0]" and remote.train.files([0, 4]) == []
+        assert requests.reads("imagenet1k-train-00.tar")[0] is None, "indexed in one stream through the shard"
+
+        requests.clear()
+        assert remote.train.payloads(1, 5) == [local.train.payload(index) for index in range(1, 5)]
+        first = local.train.offset[1], local.train.offset[2] + local.train.size[2] - 1  # samples 1-2 of shard 0
+        last = local.train.offset[3], local.train.offset[4] + local.train.size[4] - 1  # samples 0-1 of shard 1
+        assert [ranged for _, _, ranged in requests] == [f"bytes={first[0]}-{first[1]}", f"bytes={last[0]}-{last[1]}"]
+
+        requests.clear()
+        open_remote(url, tmp_path / "cache")  # the index kept in the cache: no shard is read again
+        assert not [path for method, path, _ in requests if method == "GET" and path.endswith(".tar")]
+
+
+def test_a_missing_truncated_or_unreachable_remote_shard_is_one_line_naming_it(tmp_path):
+    root, _ = timm_folder(tmp_path / "in1k")
+    with serving(root) as (url, _):
+        with pytest.raises(ConfigError) as refused:
+            open_remote(url, tmp_path / "cache", "imagenet1k-train-{00..02}.tar")
+        assert str(refused.value) == (f"{url}/imagenet1k-train-02.tar does not exist, though format.train_shards="
+                                      "imagenet1k-train-{00..02}.tar names it: fix the pattern, or copy the shard again")
+        shard = root / "imagenet1k-train-01.tar"
+        data = shard.read_bytes()
+        shard.write_bytes(data[:data.index(encoded(photo(40, 30, seed=1))) + 10])  # cut in its last image
+        with pytest.raises(ConfigError) as refused:
+            open_remote(url, tmp_path / "cache")
+        assert str(refused.value).startswith(f"{url}/imagenet1k-train-01.tar is not a readable tar shard (")
+        assert str(refused.value).endswith("): truncated or damaged; write it again")
+    with pytest.raises(ConfigError) as refused:  # the server is gone
+        open_remote(url, tmp_path / "cache")
+    assert str(refused.value).startswith(f"format.path={url} cannot be read: ")
+
+
+def test_remote_shards_are_not_staged(tmp_path):
+    with pytest.raises(ConfigError, match=r"^format.path=http://127.0.0.1:9/data is remote, and a staging copies "):
+        shards.Webdataset("http://127.0.0.1:9/data", cache_dir=str(tmp_path)).stores(None, lambda path: path)
+
+
+def test_a_run_in_blocks_over_http_trains_every_image_once_each_block_in_one_request(tiny_root, tmp_path,
+                                                                                     train_in_process):
+    pack(tiny_root, "webdataset", tmp_path / "pack", None, 90, 2, False, "raise")  # one shard a split
+    with serving(tmp_path / "pack") as (url, requests):
+        summary = train_in_process("format=webdataset", f"format.path={url}", f"format.cache_dir={tmp_path / 'cache'}",
+                                   "order=blocks", "order.block=4", "order.window=2", "loader.num_workers=2")
+    assert summary.steps == 6 and summary.skipped_files == 0
+    assert [(entry["trained"], entry["left_out"]) for entry in summary.coverage] == [(24, 0)]
+    store = open_shards(tmp_path / "pack").train
+    blocks = {f"bytes={store.offset[first]}-{store.offset[first + 3] + store.size[first + 3] - 1}"
+              for first in range(0, 24, 4)}
+    reads = [ranged for _, path, ranged in requests if path.endswith("train/000000.tar") and ranged]
+    assert set(reads) == blocks, "each read is a whole block of 4 images, and every block is read"

@@ -119,7 +119,8 @@ def estimated_bytes(stores, convert: Convert) -> int:
 
 def pack(root: Path, format: str, out: Path | str, short_side: int | None, quality: int, workers: int,
          overwrite: bool, on_error: str, chunk_mb: float = 64, endpoint_url: str | None = None) -> dict:
-    """Write the packed folder `out` (or, for litdata, an s3:// prefix); the counts, bytes and rate as a dict."""
+    """Write the packed folder `out` (or, for a format whose facts say remote, an s3:// prefix); the counts, bytes
+    and rate as a dict."""
     packable, facts = options.having("format", "packed"), options.facts("format", format)
     if format not in packable:
         raise ConfigError(f"format={format} cannot be packed: pick one of {', '.join(packable)}")
@@ -131,8 +132,8 @@ def pack(root: Path, format: str, out: Path | str, short_side: int | None, quali
     kind = writer(format, endpoint_url)
     remote = str(out).startswith("s3://")
     if remote and not facts.remote:
-        writers = ", ".join(f"format={name}" for name in options.having("format", "remote"))
-        raise ConfigError(f"pack.out={out}: only {writers} is written to S3; pack locally for format={format}")
+        writers = " or ".join(f"format={name}" for name in options.having("format", "remote"))
+        raise ConfigError(f"pack.out={out}: only {writers} can be written to S3; pack locally for format={format}")
     if kind.exists(str(out)) and not overwrite:
         raise ConfigError(f"pack.out={out} exists: pick another folder or pass pack.overwrite=true")
     train, val, classes = open_tree(root)

@@ -30,10 +30,11 @@ class Packed(Store):
         return [self.path]
 
 
-def check_folder(folder: Path, writes: str = "write it with python -m {{ cookiecutter.package }}.pack") -> None:
-    """Refuse, in one line, a format.path that is a file or does not exist; `writes` says how to make one."""
+def check_folder(folder: Path, writes: str = "write it with python -m {{ cookiecutter.package }}.pack", wanted: str = "folder") -> None:
+    """Refuse, in one line, a format.path that is a file or does not exist; `writes` says how to make one, `wanted`
+    what format.path may name."""
     if folder.is_file():
-        raise ConfigError(f"format.path={folder} is a file; pass the folder pack wrote (its pack.out, which holds "
+        raise ConfigError(f"format.path={folder} is a file; pass the {wanted} pack wrote (its pack.out, which holds "
                           f"{META})")
     if not folder.is_dir():
         raise ConfigError(f"format.path={folder} does not exist; {writes}")

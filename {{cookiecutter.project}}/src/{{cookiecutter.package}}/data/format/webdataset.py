@@ -2,9 +2,12 @@
 OpenCLIP write), read by index, so that the sampler, the coverage check, resume and DDP sharding work on them as on
 every other format.
 
-A split's shards are indexed once: every sample's shard, the offset and size of its image, and its label from its
-`.cls`. The index is kept beside the shards in `_index-<digest>.npz` (the digest names each shard and its size), so
-a later start reads no shard; where the folder is read-only, each start indexes again in memory.
+The shards are in a local folder, at an S3 prefix or at an HTTP(S) address (data/format/locations.py). A split's
+shards are indexed once: every sample's shard, the offset and size of its image, and its label from its `.cls`.
+The index is kept in `_index-<digest>.npz` (the digest names each shard, its size and its version), beside local
+shards and in format.cache_dir for remote ones, so a later start reads no shard; where neither can be written,
+each start indexes again in memory. Remote shards are read by byte range: one request per image, or one per
+shard a run of records spans under order=blocks, which reads a block of consecutive samples at once.
 
 The layout is timm's: the shards and `_info.json` (splits -> name, num_samples, shard_lengths, filenames) in one
 folder. pack writes the same, its shards in `train/` and `val/`, and pack.json with the class names. wids,
@@ -17,13 +20,16 @@ import logging
 import os
 import tarfile
 import zipfile
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
 
 from ...contracts import Format, Store, Stores
 from ...core.errors import ConfigError
-from . import META, SPLITS, check_folder
+from ..staging import no_staging
+from . import META, SPLITS, check_folder, s3
+from .locations import Local, location
 
 log = logging.getLogger(__name__)
 
@@ -33,35 +39,38 @@ IMAGES = ("jpg", "jpeg", "png", "webp")
 FIELDS = ("shard", "offset", "size", "label")  # the index: one row per sample
 
 
-def shard_names(folder: Path, info: dict | None, split: str, pattern: str | None) -> list[str]:
-    """The split's shards under `folder`: those `pattern` expands to, or else those _info.json lists."""
+def shard_names(where, info: dict | None, split: str, pattern: str | None) -> dict[str, tuple[int, str]]:
+    """The split's shards at `where` (a location), those `pattern` expands to or else those _info.json lists, each
+    with its size and version."""
     if pattern:
         from braceexpand import braceexpand  # webdataset's own dependency
         names = list(braceexpand(pattern))
     elif info is not None and INFO_SPLITS[split] in info.get("splits", {}):
         names = info["splits"][INFO_SPLITS[split]]["filenames"]
     else:
-        raise ConfigError(f"{folder} has no {INFO} listing its {INFO_SPLITS[split]} shards: it is not a packed data set, "
-                          "or pass the shards' names, as in "
+        raise ConfigError(f"{where.where('')} has no {INFO} listing its {INFO_SPLITS[split]} shards: it is not a "
+                          "packed data set, or pass the shards' names, as in "
                           f"format.{split}_shards='{split}-" "{0000..0099}.tar'")  # one brace each: the bake is Jinja
+    stats = {}
     for name in names:
-        if not (folder / name).is_file():
-            where = f"format.{split}_shards={pattern}" if pattern else f"{folder / INFO}"
-            raise ConfigError(f"{folder / name} does not exist, though {where} names it: fix the pattern, or copy "
-                              "the shard again")
-    return names
+        stats[name] = where.stat(name)
+        if stats[name] is None:
+            named_by = f"format.{split}_shards={pattern}" if pattern else where.where(INFO)
+            raise ConfigError(f"{where.where(name)} does not exist, though {named_by} names it: fix the pattern, or "
+                              "copy the shard again")
+    return stats
 
 
-def index_shard(path: Path) -> np.ndarray:
-    """One row of FIELDS per sample of the shard at `path`, in the order it holds them (its shard column 0)."""
+def index_shard(where, name: str, size: int) -> np.ndarray:
+    """One row of FIELDS per sample of the shard `name` (`size` bytes) at `where`, in the order it holds them (its
+    shard column 0). A local shard is read by its headers alone; a remote one streams through once."""
     samples: dict[str, dict] = {}  # key -> extension -> (offset, size), and the label
     try:
-        end = path.stat().st_size
-        with tarfile.open(path, "r:") as tar:
+        with closing(where.stream(name)) as file, tarfile.open(fileobj=file, mode="r|" if where.remote else "r:") as tar:
             for member in tar:
                 if not member.isfile():
                     continue
-                if member.offset_data + member.size > end:
+                if member.offset_data + member.size > size:
                     raise tarfile.ReadError(f"{member.name} runs past the end of the file")
                 folder, _, base = member.name.rpartition("/")
                 stem, _, extension = base.partition(".")  # webdataset's key: the name up to its first dot
@@ -70,54 +79,55 @@ def index_shard(path: Path) -> np.ndarray:
                     sample["label"] = tar.extractfile(member).read()
                 elif extension.lower() in IMAGES:
                     sample["image"] = (member.offset_data, member.size)
-    except tarfile.TarError as err:
-        raise ConfigError(f"{path} is not a readable tar shard ({err}): truncated or damaged; write it again") from None
+    except (tarfile.TarError, EOFError) as err:
+        raise ConfigError(f"{where.where(name)} is not a readable tar shard ({err or 'it ends early'}): truncated or "
+                          "damaged; write it again") from None
     rows = []
     for key, sample in samples.items():
         if "image" not in sample:
-            raise ConfigError(f"{path}: sample {key.lstrip('/')} has no image ({', '.join(IMAGES)}); drop it from "
-                              "the shard or add its image")
+            raise ConfigError(f"{where.where(name)}: sample {key.lstrip('/')} has no image ({', '.join(IMAGES)}); "
+                              "drop it from the shard or add its image")
         if "label" not in sample:
-            raise ConfigError(f"{path}: sample {key.lstrip('/')} has no .cls, where every sample keeps its class "
-                              "number; write the shard again with one")
+            raise ConfigError(f"{where.where(name)}: sample {key.lstrip('/')} has no .cls, where every sample keeps "
+                              "its class number; write the shard again with one")
         try:
             label = int(sample["label"])
         except ValueError:
-            raise ConfigError(f"{path}: {key.lstrip('/')}.cls holds {sample['label'][:20]!r}, not a class number; "
-                              "write the shard again") from None
+            raise ConfigError(f"{where.where(name)}: {key.lstrip('/')}.cls holds {sample['label'][:20]!r}, not a "
+                              "class number; write the shard again") from None
         rows.append((0, *sample["image"], label))
     return np.array(rows, dtype=np.int64).reshape(-1, len(FIELDS))
 
 
-def split_index(folder: Path, names: list[str]) -> np.ndarray:
-    """The index of the shards `names` under `folder`: the one kept there, or made now and kept where it can be.
-    The index kept is named by each shard's name, size and time of change: a shard rewritten since is indexed again."""
-    stats = [(folder / name).stat() for name in names]
-    digest = hashlib.sha1("".join(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
-                                  for name, stat in zip(names, stats)).encode())
-    kept = folder / f"_index-{digest.hexdigest()[:12]}.npz"
+def split_index(where, stats: dict[str, tuple[int, str]], kept_in: Path) -> np.ndarray:
+    """The index of the shards `stats` names at `where`: the one kept in the folder `kept_in`, or made now and kept
+    there where it can be. The index kept is named by each shard's name, size and version: a shard rewritten since
+    is indexed again."""
+    digest = hashlib.sha1("".join(f"{name}\0{size}\0{version}\n" for name, (size, version) in stats.items()).encode())
+    kept = kept_in / f"_index-{digest.hexdigest()[:12]}.npz"
     try:
         with np.load(kept) as saved:
             return np.stack([saved[field] for field in FIELDS], axis=1)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # not made yet, or damaged: made again
         pass
     rows = []
-    for shard, name in enumerate(names):
-        rows.append(index_shard(folder / name))
+    for shard, (name, (size, _)) in enumerate(stats.items()):
+        rows.append(index_shard(where, name, size))
         rows[-1][:, 0] = shard
     index = np.concatenate(rows) if rows else np.zeros((0, len(FIELDS)), np.int64)
     partial = kept.with_name(f".{kept.name}.{os.getpid()}")  # another rank may be writing the same index
     try:
+        kept_in.mkdir(parents=True, exist_ok=True)
         with partial.open("wb") as file:
             np.savez(file, **{field: index[:, column] for column, field in enumerate(FIELDS)})
         partial.replace(kept)  # a start that finds it finds it whole
     except OSError as err:
         partial.unlink(missing_ok=True)
-        log.info("the shard index is not kept in %s (%s): each start indexes the shards again", folder, err)
+        log.info("the shard index is not kept in %s (%s): each start indexes the shards again", kept_in, err)
     return index
 
 
-def check_lengths(folder: Path, info: dict | None, split: str, names: list[str], index: np.ndarray) -> None:
+def check_lengths(where, info: dict | None, split: str, names: list[str], index: np.ndarray) -> None:
     """Each shard holds as many samples as _info.json says it does, where it lists the shard."""
     if info is None or INFO_SPLITS[split] not in info.get("splits", {}):
         return
@@ -126,55 +136,65 @@ def check_lengths(folder: Path, info: dict | None, split: str, names: list[str],
     counts = np.bincount(index[:, 0], minlength=len(names))
     for name, count in zip(names, counts):
         if name in expected and expected[name] != count:
-            raise ConfigError(f"{folder / name} holds {count} samples where {folder / INFO} says {expected[name]}: "
-                              "truncated or replaced; copy or write it again")
+            raise ConfigError(f"{where.where(name)} holds {count} samples where {where.where(INFO)} says "
+                              f"{expected[name]}: truncated or replaced; copy or write it again")
 
 
 class Shards(Store):
     """One split's shards, each sample read at its offset in its shard."""
 
-    def __init__(self, paths: list[Path], index: np.ndarray):
+    def __init__(self, where, names: list[str], index: np.ndarray):
         super().__init__(index[:, 3].copy())
+        self.where = where
         # An array, like the index, where a list would be a Python object per shard (as many as the images, at worst).
-        self.paths = np.array([str(path) for path in paths])
+        self.names = np.array(names)
         self.shard, self.offset, self.size = index[:, 0], index[:, 1], index[:, 2]
-        self.starts = np.searchsorted(self.shard, np.arange(len(paths)))  # each shard's first sample
+        self.starts = np.searchsorted(self.shard, np.arange(len(names)))  # each shard's first sample
 
     def payload(self, index: int) -> bytes:
-        # Opened at each read: a split of thousands of shards would hold more files open than a process may.
-        with open(self.paths[self.shard[index]], "rb") as file:
-            return os.pread(file.fileno(), int(self.size[index]), int(self.offset[index]))
+        return self.where.read(self.names[self.shard[index]], int(self.offset[index]), int(self.size[index]))
+
+    def payloads(self, start: int, stop: int) -> list[bytes]:
+        """One read per shard the records start..stop-1 span: from the first image's start to the last one's end,
+        labels and headers between them included."""
+        payloads, shards = [], self.shard[start:stop]
+        for shard in np.unique(shards):
+            first, last = start + np.flatnonzero(shards == shard)[[0, -1]]  # the index keeps a shard's samples together
+            begin = int(self.offset[first])
+            span = self.where.read(self.names[shard], begin, int(self.offset[last] + self.size[last]) - begin)
+            payloads += [span[self.offset[at] - begin:self.offset[at] - begin + self.size[at]]
+                         for at in range(first, last + 1)]
+        return payloads
 
     def name(self, index: int) -> str:
         shard = self.shard[index]
-        return f"{self.paths[shard]}[{index - self.starts[shard]}]"
+        return f"{self.where.where(self.names[shard])}[{index - self.starts[shard]}]"
 
     def files(self, indices: list[int]) -> list[Path]:
-        return [Path(self.paths[shard]) for shard in np.unique(self.shard[indices])]
+        if self.where.remote:
+            return []
+        return [Path(self.where.where(self.names[shard])) for shard in np.unique(self.shard[indices])]
 
 
-def read_json(path: Path) -> dict | None:
+def read_json(where, name: str) -> dict | None:
+    text = where.text(name)
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{path} is unreadable: {err}") from None
+        return None if text is None else json.loads(text)
+    except ValueError as err:
+        raise ConfigError(f"{where.where(name)} is not JSON ({err}); write it again") from None
 
 
-def open_shards(folder: Path, patterns: dict[str, str | None]) -> Stores:
-    """Both splits of the shards in `folder`; the class names from pack.json, else numbered."""
-    check_folder(folder, "write it with python -m {{ cookiecutter.package }}.pack format=webdataset "
-                 "pack.out=<folder>, or pass your shards' folder")
-    meta = read_json(folder / META)  # pack's; a folder of someone else's shards has none
+def open_shards(where, patterns: dict[str, str | None], kept_in: Path) -> Stores:
+    """Both splits of the shards at `where`; the class names from pack.json, else numbered."""
+    meta = read_json(where, META)  # pack's; a folder of someone else's shards has none
     if meta is not None and meta.get("format") != "webdataset":
-        raise ConfigError(f"{folder} holds format={meta.get('format')}, not format=webdataset")
-    info, stores = read_json(folder / INFO), []
+        raise ConfigError(f"{where.where('')} holds format={meta.get('format')}, not format=webdataset")
+    info, stores = read_json(where, INFO), []
     for split in SPLITS:
-        names = shard_names(folder, info, split, patterns[split])
-        index = split_index(folder, names)
-        check_lengths(folder, info, split, names, index)
-        stores.append(Shards([folder / name for name in names], index))
+        stats = shard_names(where, info, split, patterns[split])
+        index = split_index(where, stats, kept_in)
+        check_lengths(where, info, split, list(stats), index)
+        stores.append(Shards(where, list(stats), index))
     classes = meta["classes"] if meta else [str(label) for label in range(
         1 + max((int(store.labels.max()) for store in stores if len(store)), default=0))]
     return Stores(*stores, classes)
@@ -190,11 +210,29 @@ def extension(data: bytes) -> str:
 class Webdataset(Format):
     suffix = ""  # each split is a folder of shards
 
-    def __init__(self, path: str | None, train_shards: str | None = None, val_shards: str | None = None):
+    def __init__(self, path: str | None, train_shards: str | None = None, val_shards: str | None = None,
+                 cache_dir: str | None = None, endpoint_url: str | None = None):
         self.path, self.patterns = path, {"train": train_shards, "val": val_shards}
+        self.cache_dir, self.endpoint_url = cache_dir, endpoint_url
 
     def stores(self, source, stage) -> Stores:
-        return open_shards(stage(Path(self.path).expanduser()), self.patterns)
+        where = location(self.path, self.endpoint_url)
+        if where.remote and stage is not no_staging:
+            raise ConfigError(f"format.path={self.path} is remote, and a staging copies local files; drop the "
+                              "staging option, or copy the shards to a local folder and stage that")
+        if not where.remote:
+            check_folder(where.folder, "write it with python -m {{ cookiecutter.package }}.pack format=webdataset "
+                         "pack.out=<folder>, or pass your shards' folder", "folder or s3:// prefix")
+            where = Local(stage(where.folder))
+        kept_in = where.folder if not where.remote else Path(self.cache_dir).expanduser() / hashlib.sha1(
+            self.path.encode()).hexdigest()[:12]
+        try:
+            return open_shards(where, self.patterns, kept_in)
+        except ModuleNotFoundError as err:
+            raise ConfigError(f"format.path={self.path} needs {err.name}: pip install boto3") from None
+        except OSError as err:  # a server or bucket that cannot be reached or refuses, a file that cannot be read
+            raise ConfigError(f"format.path={self.path} cannot be read: {str(err).splitlines()[0]}; check the "
+                              "address, that its server is up and the credentials") from None
 
     def write(self, path: Path, records, chunk_mb: float) -> None:
         """One split as shards of about `chunk_mb` megabytes in the folder `path`."""
@@ -206,14 +244,23 @@ class Webdataset(Format):
             for index, (data, label) in enumerate(records):
                 shards.write({"__key__": f"{index:09d}", extension(data): data, "cls": label})
 
+    def exists(self, out: str) -> bool:
+        """A local folder, or a finished pack (its pack.json) at an S3 prefix."""
+        return META in s3.sizes_at(out, self.endpoint_url) if s3.is_remote(out) else super().exists(out)
+
     def publish(self, written: Path, out: str) -> None:
         """Index the shards pack wrote (the index kept, so that training reads none at its first start) and list
-        them in _info.json, timm's way, before the pack goes to `out`."""
-        info = {"name": Path(out).name, "splits": {}}
+        them in _info.json, timm's way, before the pack goes to `out`: renamed there, or uploaded to an S3 prefix
+        with _info.json and pack.json last, so that a reader never finds them before the shards they vouch for."""
+        info, local = {"name": Path(out.rstrip("/")).name, "splits": {}}, Local(written)
         for split in SPLITS:
             names = sorted(str(shard.relative_to(written)) for shard in (written / split).glob("*.tar"))
-            counts = np.bincount(split_index(written, names)[:, 0], minlength=len(names))
+            index = split_index(local, {name: local.stat(name) for name in names}, written)
+            counts = np.bincount(index[:, 0], minlength=len(names))
             info["splits"][INFO_SPLITS[split]] = {"name": INFO_SPLITS[split], "num_samples": int(counts.sum()),
                                                   "filenames": names, "shard_lengths": counts.tolist()}
         (written / INFO).write_text(json.dumps(info, indent=1))
-        super().publish(written, out)
+        if s3.is_remote(out):
+            s3.upload(written, out, self.endpoint_url, last=[INFO, META])
+        else:
+            super().publish(written, out)

@@ -1,0 +1,68 @@
+"""Servers on 127.0.0.1 that the tests start: a static file server that answers HEAD and Range requests, as a CDN or
+an object store's HTTP endpoint does, and keeps a record of every request."""
+import contextlib
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+class Requests(list):
+    """(method, path, the Range header or None) of each request, in order."""
+
+    def reads(self, name: str) -> list[str | None]:
+        """The Range header of each GET of the file `name` (None: the whole file)."""
+        return [ranged for method, path, ranged in self if method == "GET" and path.endswith(f"/{name}")]
+
+
+@contextlib.contextmanager
+def serving(folder: Path) -> Iterator[tuple[str, Requests]]:
+    """The files under `folder` at http://127.0.0.1:PORT/data/, and the requests the server answers."""
+    requests = Requests()
+
+    class Files(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keeps the connection open between requests, as real servers do
+
+        def log_message(self, *args):
+            pass
+
+        def file(self) -> Path | None:
+            path = folder / self.path.removeprefix("/data/")
+            return path if self.path.startswith("/data/") and path.is_file() else None
+
+        def send(self, status: int, body: bytes, length: int, headers: dict[str, str]) -> None:
+            self.send_response(status)
+            for key, value in {"Content-Length": str(length), **headers}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_HEAD(self):
+            requests.append(("HEAD", self.path, None))
+            path = self.file()
+            if path is None:
+                return self.send(404, b"", 0, {})
+            self.send(200, b"", path.stat().st_size, {"ETag": f'"{path.stat().st_mtime_ns}"'})
+
+        def do_GET(self):
+            ranged = self.headers.get("Range")
+            requests.append(("GET", self.path, ranged))
+            path = self.file()
+            if path is None:
+                return self.send(404, b"", 0, {})
+            data = path.read_bytes()
+            if ranged is None:
+                return self.send(200, data, len(data), {})
+            first, last = (int(end) for end in ranged.removeprefix("bytes=").split("-"))
+            part = data[first:last + 1]
+            self.send(206, part, len(part), {"Content-Range": f"bytes {first}-{last}/{len(data)}"})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/data", requests
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
