@@ -32,10 +32,9 @@ def percent(value: float | None) -> str:
     return f"{value:.1f}%" if value is not None else ""
 
 
-def common_level(runs: list[tuple[dict[str, str], Summary]]) -> str | None:
-    """The highest top-1 level every run reached (summary.json's time_to_top1_s), where there is one."""
-    reached = [set(summary.time_to_top1_s) for _, summary in runs]
-    return max(set.intersection(*reached), key=float, default=None)
+def levels_reached(runs: list[tuple[dict[str, str], Summary]]) -> list[str]:
+    """Every top-1 level some run reached (summary.json's time_to_top1_s), lowest first."""
+    return sorted({level for _, summary in runs for level in summary.time_to_top1_s}, key=float)
 
 
 def table(runs: list[tuple[dict[str, str], Summary]]) -> str:
@@ -44,14 +43,14 @@ def table(runs: list[tuple[dict[str, str], Summary]]) -> str:
     shared = [f"{key}={runs[0][0][key]}" for key in keys if key not in varying and key in runs[0][0]]
     first = runs[0][1].images_per_s
     trained = any(summary.train_top1 is not None for _, summary in runs)
-    level = common_level(runs)  # time to accuracy, where the runs share a level to compare it at
+    levels = levels_reached(runs)  # time to accuracy: each run's seconds to each level, blank where it fell short
     header = [*varying, "images/s", "data wait", "host", "bound", "× first", "val top-1",
-              *(["train top-1"] if trained else []), *([f"s to {level}%"] if level else [])]
+              *(["train top-1"] if trained else []), *(f"s to {level}%" for level in levels)]
     rows = [[overrides.get(key, "") for key in varying]
             + [f"{summary.images_per_s:.1f}", f"{100 * summary.data_frac:.0f}%",
                f"{100 * summary.host_frac:.0f}%", summary.bound, f"{summary.images_per_s / first:.2f}",
                f"{summary.val_top1:.1f}%", *([percent(summary.train_top1)] if trained else []),
-               *([f"{summary.time_to_top1_s[level]:.0f}"] if level else [])]
+               *(f"{summary.time_to_top1_s[level]:.0f}" if level in summary.time_to_top1_s else "" for level in levels)]
             for overrides, summary in runs]
     devices = sorted({summary.env["device"] for _, summary in runs})
     return "\n".join([f"on {', '.join(devices)}; every run: {' '.join(shared) or '(no shared overrides)'}", "",
