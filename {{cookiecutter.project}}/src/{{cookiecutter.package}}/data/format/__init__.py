@@ -11,6 +11,7 @@ import numpy as np
 
 from ...contracts import Format, Store, Stores
 from ...core.errors import ConfigError
+from ...core.files import bytes_in
 
 META = "pack.json"
 SPLITS = ("train", "val")
@@ -56,7 +57,7 @@ def read_meta(folder: Path, format: str) -> dict:
     for split in SPLITS:
         expected = meta["splits"][split]["bytes"]
         path = folder / meta["splits"][split]["file"]
-        actual = path.stat().st_size if path.exists() else 0
+        actual = bytes_in(path) if path.exists() else 0  # a file, or a split's folder of shards
         if actual != expected:
             raise ConfigError(f"{path} has {actual} bytes where {META} says {expected}: truncated or replaced; "
                               "pack it again")
