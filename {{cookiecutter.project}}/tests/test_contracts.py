@@ -143,7 +143,7 @@ def test_the_abstract_contracts_are_enforced_on_each_option_class(group):
             assert issubclass(built, CONTRACTS[group]) and not built.__abstractmethods__, target
 
 
-OPTIONAL = ("lmdb", "litdata", "torchcodec", "moto", "matplotlib", "nvidia.dali", "submitit", "timm", "onnx",
+OPTIONAL = ("lmdb", "litdata", "datasets", "torchcodec", "moto", "matplotlib", "nvidia.dali", "submitit", "timm", "onnx",
             "onnxscript", "onnxruntime")  # the extras
 
 
