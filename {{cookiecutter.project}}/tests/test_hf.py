@@ -107,6 +107,7 @@ def test_a_data_set_in_the_datasets_cache_is_read_offline_by_its_hub_name(tmp_pa
     asked = []
     monkeypatch.setattr("huggingface_hub.HfApi.hf_hub_download", lambda self, *args, **kwargs: asked.append(args))
     monkeypatch.setattr("huggingface_hub.HfApi.dataset_info", lambda self, *args, **kwargs: asked.append(args))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # as on a machine online
     monkeypatch.chdir(tmp_path)  # no folder user/name here
     stores = open_hf("user/name", tmp_path)
     assert stores.classes == CLASSES and stores.train.labels.tolist() == LABELS["train"]
@@ -117,6 +118,13 @@ def test_a_data_set_in_the_datasets_cache_is_read_offline_by_its_hub_name(tmp_pa
         "load it there once online, datasets.load_dataset('user/other', cache_dir=...), or pass the folder of its files")
     assert refusal("user/name", tmp_path, val_split="test") == (
         "user/name in the datasets cache has no split test: it has train, validation; name one with format.val_split=")
+    Parquet(cache_dir=str(cache), dataset_name="name", config_name="other", config_id="other", data_files=files,
+            hash="0123abcd").download_and_prepare()  # another configuration of the same revision
+    (cache / "name/other").rename(cache / "user___name/other")
+    assert re.fullmatch(rf"format.path=user/name: the datasets cache at {re.escape(str(cache))} holds it, but not as "
+                        r"one data set to read offline \(There are multiple 'user/name' configurations in the cache: "
+                        r"(default, other|other, default)\): save the one to train on with save_to_disk and pass that "
+                        "folder", refusal("user/name", tmp_path))
 
 
 def test_column_names_are_settings_and_bytes_without_datasets_metadata_are_read(tmp_path):

@@ -147,13 +147,17 @@ def from_cache(name: str, cache_dir: str | None):
     """The data set `name` from the datasets cache, offline: the start of a run's every rank downloads nothing."""
     import datasets
     online, datasets.config.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE, True  # read at each call
+    cache = cache_dir or datasets.config.HF_DATASETS_CACHE
     try:
         return datasets.load_dataset(name, cache_dir=cache_dir)
-    except (ConnectionError, FileNotFoundError, ValueError):
-        raise ConfigError(f"format.path={name}: no folder has that name here, and the datasets cache at "
-                          f"{cache_dir or datasets.config.HF_DATASETS_CACHE} does not hold it: load it there once "
-                          f"online, datasets.load_dataset('{name}', cache_dir=...), or pass the folder of its files"
-                          ) from None
+    except (ConnectionError, FileNotFoundError):
+        raise ConfigError(f"format.path={name}: no folder has that name here, and the datasets cache at {cache} does "
+                          f"not hold it: load it there once online, datasets.load_dataset('{name}', cache_dir=...), "
+                          "or pass the folder of its files") from None
+    except ValueError as err:  # several of its configurations cached, say: datasets' words say which
+        raise ConfigError(f"format.path={name}: the datasets cache at {cache} holds it, but not as one data set to "
+                          f"read offline ({str(err).splitlines()[0]}): save the one to train on with save_to_disk "
+                          "and pass that folder") from None
     finally:
         datasets.config.HF_HUB_OFFLINE = online
 
