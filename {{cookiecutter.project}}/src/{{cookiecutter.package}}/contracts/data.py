@@ -88,7 +88,7 @@ class Store(ABC):
 @dataclass
 class Stores:
     """What a `Format` opens: both splits, the class names and, for a format that streams its training split
-    itself, that split's loader factory: train_loader(images, *, batch_size, seed, collate,
+    itself, that split's loader factory: train_loader(images, *, world, batch_size, seed, collate,
     worker_init_fn, num_workers, prefetch_factor, pin_memory, persistent_workers) -> ResumableLoader."""
     train: Store
     val: Store

@@ -173,7 +173,7 @@ def training_loader(stores: Stores, images: Images, batch_size: int, seed: int, 
     if stores.train_loader is None:
         return make_loader(images, batch_size, True, seed, world, collate=collate, order=order, layout=layout,
                            **settings)
-    return stores.train_loader(images, batch_size=batch_size, seed=seed, collate=collate,
+    return stores.train_loader(images, world=world, batch_size=batch_size, seed=seed, collate=collate,
                                worker_init_fn=training_worker_start(settings["prefetch_factor"]),
                                **{**settings, "pin_memory": settings["pin_memory"] and world.device.type == "cuda"})
 

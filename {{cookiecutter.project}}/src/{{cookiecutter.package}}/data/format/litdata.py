@@ -218,8 +218,9 @@ def streamed(path: str, cache_dir: str, max_cache_gb: float, endpoint_url: str |
     train, val = records("train", True), records("val", False)
     Streamed = stream_loader_class()
 
-    def train_loader(images, *, batch_size, seed, collate, worker_init_fn, num_workers, prefetch_factor, pin_memory,
-                     persistent_workers):
+    def train_loader(images, *, world, batch_size, seed, collate, worker_init_fn, num_workers, prefetch_factor,
+                     pin_memory, persistent_workers):
+        del world  # LitData reads the processes' ranks from torch.distributed's environment itself
         train.images, train.seed = images, seed
         return Streamed(train, batch_size=batch_size, num_workers=num_workers, collate_fn=collate,
                         prefetch_factor=prefetch_factor if num_workers else None, pin_memory=pin_memory,
