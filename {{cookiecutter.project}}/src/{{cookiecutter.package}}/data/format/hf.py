@@ -166,7 +166,6 @@ def checked(dataset, image: str, label: str, where: str, key: str) -> tuple[np.n
     """A split's labels as int64 class numbers, read as one Arrow column, and the names its ClassLabel gives them, once
     its image and label columns are found and hold what they must."""
     import pyarrow as pa
-    from datasets import ClassLabel
     for column, setting in ((image, "image_column"), (label, "label_column")):
         if column not in dataset.column_names:
             raise ConfigError(f"{where} has no column {column}: its columns are {', '.join(dataset.column_names)}; "
@@ -176,7 +175,13 @@ def checked(dataset, image: str, label: str, where: str, key: str) -> tuple[np.n
     except (TypeError, ValueError, pa.ArrowException):
         raise ConfigError(f"{where}: format.image_column={image} holds {dataset.features[image]}, not encoded images; "
                           "pass the column of images: an Image feature, bytes or file paths") from None
-    values, feature = dataset.data.column(label), dataset.features[label]
+    feature = dataset.features[label]
+    return class_numbers(dataset.data.column(label), feature, label, where, key), getattr(feature, "names", None)
+
+
+def class_numbers(values, feature, label: str, where: str, key: str) -> np.ndarray:
+    """The label column `values` as int64 class numbers, refused in one line where a row has none."""
+    import pyarrow as pa
     if not pa.types.is_integer(values.type) or values.null_count:
         why = f"{values.null_count} rows without one" if pa.types.is_integer(values.type) else f"{feature}"
         raise ConfigError(f"{where}: format.label_column={label} holds {why}, not a class number per row; pass the "
@@ -185,38 +190,47 @@ def checked(dataset, image: str, label: str, where: str, key: str) -> tuple[np.n
     if len(labels) and labels.min() < 0:
         raise ConfigError(f"{where}: format.label_column={label} holds {labels.min()}, the Hub's mark of an "
                           f"unlabelled row (as in test splits): pick a labelled split with format.{key}=")
-    return labels, feature.names if isinstance(feature, ClassLabel) else None
+    return labels
 
 
 class Hf(Format):
     suffix = ""  # each split is a folder of Parquet shards
 
     def __init__(self, path: str | None, image_column: str = "image", label_column: str = "label",
-                 train_split: str = "train", val_split: str = "validation", cache_dir: str | None = None):
+                 train_split: str = "train", val_split: str = "validation", cache_dir: str | None = None,
+                 streaming: bool = False, shuffle_buffer: int = 1000):
         self.path, self.image_column, self.label_column, self.cache_dir = path, image_column, label_column, cache_dir
         self.splits = {"train": train_split, "val": val_split}
+        self.streaming, self.shuffle_buffer = streaming, shuffle_buffer
 
     def stores(self, source, stage) -> Stores:
-        """Both splits at format.path; `stage` is never asked: this format's facts say it reads the Arrow files where
-        datasets keeps them (the loader assembly refuses a staging that copies)."""
+        """Both splits at format.path, the training split streamed where format.streaming says so; `stage` is never
+        asked: this format's facts say it reads the files where they are (the loader assembly refuses a staging)."""
         folder, meta = Path(self.path).expanduser(), None
+        indexed = ("val",) if self.streaming else SPLITS  # a streamed training split is never converted
         if not folder.exists() and HUB_NAME.fullmatch(self.path):
+            if self.streaming:
+                raise ConfigError(f"format.path={self.path}: format.streaming=true reads a folder of Parquet files, not "
+                                  "the datasets cache: pass the folder of its files, or set format.streaming=false")
             cached = from_cache(self.path, self.cache_dir)
-            splits = {split: (self.in_cache(cached, split), None) for split in SPLITS}
+            splits = {split: (self.in_cache(cached, split), None) for split in indexed}
         else:
             check_folder(folder, WRITES)
             meta = read_meta(folder, "hf") if (folder / META).exists() else None  # pack's: it names each split's folder
-            splits = {split: self.in_folder(folder, meta, split) for split in SPLITS}
-        stores, names = [], []
+            splits = {split: self.in_folder(folder, meta, split) for split in indexed}
+        stores, names, train_loader = {}, {}, None
+        where = {split: f"{self.path} (format.{KEYS[split]}={self.splits[split]})" for split in SPLITS}
         for split, (dataset, sources) in splits.items():
-            labels, split_names = checked(dataset, self.image_column, self.label_column,
-                                          f"{self.path} (format.{KEYS[split]}={self.splits[split]})", KEYS[split])
-            arrow = in_place(dataset)
-            stores.append(HfImages(arrow, sources or arrow, self.image_column, labels))
-            names.append(split_names)
-        classes = meta["classes"] if meta else names[0] or [str(label) for label in range(
-            1 + max((int(store.labels.max()) for store in stores if len(store)), default=0))]
-        return Stores(*stores, classes)
+            labels, names[split] = checked(dataset, self.image_column, self.label_column, where[split], KEYS[split])
+            stores[split] = HfImages(arrow := in_place(dataset), sources or arrow, self.image_column, labels)
+        if self.streaming:
+            from .hf_stream import streamed_train
+            stores["train"], names["train"], train_loader = streamed_train(
+                self.parquet_files(folder, meta, "train"), self.image_column, self.label_column, where["train"],
+                self.shuffle_buffer)
+        classes = meta["classes"] if meta else names["train"] or [str(label) for label in range(
+            1 + max((int(store.labels.max()) for store in stores.values() if len(store)), default=0))]
+        return Stores(stores["train"], stores["val"], classes, train_loader)
 
     def in_cache(self, cached, split: str):
         if self.splits[split] not in cached:
@@ -227,15 +241,21 @@ class Hf(Format):
     def in_folder(self, folder: Path, meta: dict | None, split: str) -> tuple:
         """(data set, the Rows of the files it was converted from, or None where it is read in place) of a split of a
         local folder."""
-        name = self.splits[split]
-        if meta is None and (folder / name / "state.json").is_file():  # DatasetDict.save_to_disk's
+        if meta is None and (folder / self.splits[split] / "state.json").is_file():  # DatasetDict.save_to_disk's
             from datasets import load_from_disk
-            return load_from_disk(str(folder / name)), None
+            return load_from_disk(str(folder / self.splits[split])), None
+        return converted(self.parquet_files(folder, meta, split), self.cache_dir)
+
+    def parquet_files(self, folder: Path, meta: dict | None, split: str) -> list[Path]:
+        """The split's Parquet files in a local folder: pack's, or in the Hub's layout."""
+        name = self.splits[split]  # the files' split, where no pack.json names its folder
         if meta is None and (folder / "state.json").is_file():
             raise ConfigError(f"{folder} holds one split, as Dataset.save_to_disk writes it: save a DatasetDict of "
                               f"its {self.splits['train']} and {self.splits['val']} splits there instead")
-        return converted(sorted(split_file(folder, meta, split).glob("*.parquet")) if meta
-                         else split_files(folder, name, KEYS[split]), self.cache_dir)
+        if meta is None and (folder / name / "state.json").is_file():  # only a streamed split asks for its files here
+            raise ConfigError(f"{folder / name} is a save_to_disk folder, of Arrow files: format.streaming=true reads "
+                              "Parquet files; set format.streaming=false, which reads these in place")
+        return sorted(split_file(folder, meta, split).glob("*.parquet")) if meta else split_files(folder, name, KEYS[split])
 
     def write(self, path: Path, records, chunk_mb: float) -> None:
         """One split as Parquet shards of about `chunk_mb` megabytes in the folder `path`, named as the Hub names them
