@@ -5,6 +5,7 @@ import subprocess
 import sys
 import zlib
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -44,6 +45,17 @@ def test_a_missing_index_is_refused_at_start(packs, tmp_path):
     (copy / "val/index.json").unlink()
     with pytest.raises(ConfigError, match="val has no index.json: the pack is damaged"):
         litdata.checked_meta(str(copy), None)
+
+
+def test_each_image_lies_between_its_chunks_offsets_whatever_is_installed(packs, tmp_path):
+    """Where pyarrow is installed, LitData's writer puts a dict of plain values in an Arrow table after the offsets,
+    and its reader finds no bytes there from S3: pack writes tuples, which it keeps between the offsets."""
+    folder = packs["litdata"] / "train"
+    chunk = json.loads((folder / "index.json").read_text())["chunks"][0]
+    data = (folder / chunk["filename"]).read_bytes()
+    offsets = np.frombuffer(data, np.uint32, chunk["chunk_size"] + 1, offset=4)
+    store = litdata.streamed(str(packs["litdata"]), str(tmp_path), 1.0, None).train
+    assert all(store.payload(index) in data[offsets[index]:offsets[index + 1]] for index in range(len(offsets) - 1))
 
 
 def first_val_batch(cfg) -> torch.Tensor:
@@ -203,6 +215,16 @@ def test_pack_to_s3_then_train_from_it(s3_server, tmp_path, cache_dir, tiny_root
     assert any((tmp_path / "node-cache").rglob("*.bin")), "chunks were cached"
     assert "testing" not in log and "testing" not in (run_dir / ".hydra/config.yaml").read_text(), "no secret kept"
 
-    boto3.client("s3", endpoint_url=s3_server).delete_object(Bucket="images", Key="tiny/pack.json")
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    first = json.loads(s3.get_object(Bucket="images", Key="tiny/train/index.json")["Body"].read())["chunks"][0]
+    key = f"tiny/train/{first['filename']}"
+    chunk = bytearray(s3.get_object(Bucket="images", Key=key)["Body"].read())
+    header = 4 * (first["chunk_size"] + 2)
+    chunk[4:header] = np.full(first["chunk_size"] + 1, header, np.uint32).tobytes()  # the Arrow layout's offsets
+    s3.put_object(Bucket="images", Key=key, Body=bytes(chunk))
+    arrow = start_cli(tmp_path / "arrow", on_s3, cache_dir, tiny_root, env=QUIET)
+    assert f"s3://images/{key} holds its images in LitData's Arrow layout" in finish(arrow, timeout=120).strip().splitlines()[-1]
+
+    s3.delete_object(Bucket="images", Key="tiny/pack.json")
     refused = start_cli(tmp_path / "refused", on_s3, cache_dir, tiny_root, env=QUIET)
     assert "s3://images/tiny has no pack.json" in finish(refused, timeout=120).strip().splitlines()[-1]

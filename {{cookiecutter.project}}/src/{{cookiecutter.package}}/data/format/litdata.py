@@ -56,23 +56,30 @@ def checked_meta(path: str, endpoint_url: str | None) -> dict:
     for split in SPLITS:
         if f"{split}/{INDEX}" not in files:
             raise ConfigError(f"{path}/{split} has no {INDEX}: the pack is damaged; pack it again")
-        for chunk in json.loads(s3.read_text(path, f"{split}/{INDEX}", endpoint_url))["chunks"]:
+        for number, chunk in enumerate(json.loads(s3.read_text(path, f"{split}/{INDEX}", endpoint_url))["chunks"]):
             name, expected = f"{split}/{chunk['filename']}", chunk["chunk_bytes"]
             if files.get(name, 0) != expected:
                 raise ConfigError(f"{path}/{name} has {files.get(name, 0)} bytes where {INDEX} says {expected}: "
                                   "truncated or missing; pack it again")
-            if not s3.is_remote(path):
-                check_header(Path(path) / name, chunk["chunk_size"])
+            if number == 0 or not s3.is_remote(path):  # on S3, a request a chunk: the first shows the layout
+                check_header(path, name, chunk["chunk_size"], endpoint_url)
     return meta
 
 
-def check_header(chunk: Path, items: int) -> None:
-    """A chunk starts with its item count (uint32): another file of the same size fails here, not in a worker."""
-    with chunk.open("rb") as file:
-        found = int.from_bytes(file.read(4), "little")
+def check_header(path: str, name: str, items: int, endpoint_url: str | None) -> None:
+    """A chunk starts with its item count and its items' offsets (uint32): another file of the same size fails
+    here, not in a worker, and so does a chunk whose images are not between those offsets. LitData's writer puts
+    a dict of plain values in an Arrow table after the offsets instead, where pyarrow is installed (as packs before
+    this one's tuples did), and its reader finds no bytes there when it reads from S3."""
+    head = s3.read_head(path, name, 4 * (items + 2), endpoint_url)
+    found = int.from_bytes(head[:4], "little")
     if found != items:
-        raise ConfigError(f"{chunk} is not a readable litdata chunk: it says {found} images where {INDEX} says "
-                          f"{items}; pack it again")
+        raise ConfigError(f"{path}/{name} is not a readable litdata chunk: it says {found} images where {INDEX} "
+                          f"says {items}; pack it again")
+    first, last = (int.from_bytes(head[at:at + 4], "little") for at in (4, 4 * (items + 1)))
+    if items and first == last and s3.is_remote(path):
+        raise ConfigError(f"{path}/{name} holds its images in LitData's Arrow layout, which LitData cannot read "
+                          "from S3; pack it again with python -m {{ cookiecutter.package }}.pack format=litdata")
 
 
 def split_dataset_class():
@@ -85,8 +92,15 @@ def split_dataset_class():
         images = None
         streaming = None  # the ChunkedIndex LitData's iteration asks for now, in this worker
 
+        # Whole chunks, cached, for every read. LitData reads a sample asked for by position with one range
+        # request (on_demand_bytes), and that request returns no bytes from a chunk in its Arrow layout, which
+        # its writer picks where pyarrow is installed. Reads by position are validation's, in order, which
+        # reads each chunk whole anyway, and the rare neighbour of an unreadable image.
+        on_demand_bytes = property(lambda self: False, lambda self, value: None)
+
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
+            self._on_demand_bytes = False  # what LitData's reader is built with
             # Persistent workers keep the copy of this object they started with, so what each epoch needs from
             # the main process crosses in shared memory: LitData's epoch, and the epoch a loaded state resumes.
             self.shared = multiprocessing.Array("i", 2)
@@ -107,7 +121,8 @@ def split_dataset_class():
             # can read another worker's chunk. Validation and an unreadable image's neighbour go by position.
             streamed = self.streaming is not None and self.streaming.index == index
             item = super().__getitem__(self.streaming if streamed else index)
-            return bytes(item["image"]), int(item["label"])
+            image, label = (item["image"], item["label"]) if isinstance(item, dict) else item  # older packs: dicts
+            return bytes(image), int(label)
 
         def __getitem__(self, index):
             self.streaming = index
@@ -249,7 +264,7 @@ class Litdata(Format):
         path.mkdir()
         writer = BinaryWriter(str(path), chunk_bytes=max(1, int(chunk_mb * 2**20)))
         for index, (data, label) in enumerate(records):
-            writer.add_item(index, {"image": data, "label": label})
+            writer.add_item(index, (data, label))  # a tuple: LitData keeps it between the offsets, pyarrow or not
         writer.done()
         writer.merge()
 

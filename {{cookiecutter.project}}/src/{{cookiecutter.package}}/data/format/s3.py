@@ -35,6 +35,16 @@ def read_text(path: str, name: str, endpoint_url: str | None) -> str:
     return client(endpoint_url).get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"].read().decode()
 
 
+def read_head(path: str, name: str, length: int, endpoint_url: str | None) -> bytes:
+    """The first `length` bytes of a file under `path`: one range request on S3."""
+    if not is_remote(path):
+        with (Path(path).expanduser() / name).open("rb") as file:
+            return file.read(length)
+    bucket, prefix = bucket_and_key(path)
+    return client(endpoint_url).get_object(Bucket=bucket, Key=f"{prefix}/{name}",
+                                           Range=f"bytes=0-{length - 1}")["Body"].read()
+
+
 def upload(folder: Path, url: str, endpoint_url: str | None, last: list[str]) -> None:
     """Every file under `folder` to the prefix `url`, the files named in `last` (relative to `folder`) at the end, in
     their order; the last of them is deleted first, so that a pack being overwritten reads as unfinished until done."""
