@@ -13,18 +13,25 @@ import logging
 import time
 
 import torch
-import torch._inductor
 
 from ..core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 GRAPH_WARM_UP = 3  # cudagraph trees run a call eagerly, record the next, and replay from the third
+DEFAULT = "default"  # torch.compile's mode without options of its own: no CUDA graphs
+
+
+def mode_options(mode: str | None = None) -> dict:
+    """torch._inductor.list_mode_options, imported only where a run asks for a mode of its own: the import pulls in
+    TorchDynamo and costs some 2.5 s of every start."""
+    import torch._inductor
+    return torch._inductor.list_mode_options(mode)
 
 
 def uses_graphs(mode: str) -> bool:
     """Whether torch.compile's `mode` records CUDA graphs (on a CUDA device)."""
-    return bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+    return mode != DEFAULT and bool(mode_options(mode).get("triton.cudagraphs"))
 
 
 def graphs_refused(mode: str, accumulate: int, crop_sizes: int) -> str | None:
@@ -45,10 +52,12 @@ def graphs_refused(mode: str, accumulate: int, crop_sizes: int) -> str | None:
 def check_mode(enabled: bool, mode: str, accumulate: int, crop_sizes: int) -> None:
     """Refuse, in one line, a mode torch does not know, a mode without model.compile=true, and CUDA graphs where
     the run's steps cannot replay them."""
-    modes = list(torch._inductor.list_mode_options())
+    if mode == DEFAULT:
+        return
+    modes = list(mode_options())
     if mode not in modes:
         raise ConfigError(f"model.compile_mode={mode} is not one of torch.compile's modes: {', '.join(modes)}")
-    if mode != "default" and not enabled:
+    if not enabled:
         raise ConfigError(f"model.compile_mode={mode} sets how torch.compile compiles, and model.compile=false: "
                           "pass model.compile=true too")
     if why := graphs_refused(mode, accumulate, crop_sizes):
