@@ -17,7 +17,7 @@ from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import webdataset as shards
 from {{ cookiecutter.package }}.data.images import make_splits
-from {{ cookiecutter.package }}.data.loaders import make_loader
+from {{ cookiecutter.package }}.data.loaders import check_fit, make_loader
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack
 
@@ -253,9 +253,12 @@ def test_a_missing_truncated_or_unreachable_remote_shard_is_one_line_naming_it(t
     assert str(refused.value).startswith(f"format.path={url} cannot be read: ")
 
 
-def test_remote_shards_are_not_staged(tmp_path):
-    with pytest.raises(ConfigError, match=r"^format.path=http://127.0.0.1:9/data is remote, and a staging copies "):
-        shards.Webdataset("http://127.0.0.1:9/data", cache_dir=str(tmp_path)).stores(None, lambda path: path)
+@pytest.mark.parametrize("path", ["http://127.0.0.1:9/data", "s3://images/data"])
+def test_remote_shards_are_not_staged(path, compose_tiny):
+    cfg = compose_tiny("format=webdataset", f"format.path={path}", "staging=tmpfs")
+    with pytest.raises(ConfigError, match=rf"^staging=tmpfs copies local files, and format.path={path} is remote: "):
+        check_fit(cfg.format, cfg.staging, cfg.decoder, cfg.order)
+    check_fit(cfg.format, compose_tiny("staging=none").staging, cfg.decoder, cfg.order)
 
 
 def test_a_run_in_blocks_over_http_trains_every_image_once_each_block_in_one_request(tiny_root, tmp_path,

@@ -25,6 +25,7 @@ from ..core.faults import Faults, FaultyReads
 from .batch_memory import lend_batches
 from .coverage import EpochTrace
 from .device import ToDevice, UploadTimes
+from .format.locations import is_address
 from .images import Images, Splits, make_splits
 from .order import FULL_SHUFFLE
 from .sampling import EpochBatches, EpochSampler, Shard, agreed_layout
@@ -284,3 +285,7 @@ def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, orde
                           f"decoder={options.fastest_cpu_decoder()}")
     if stored.streams and options.facts_of(staging).copies_to_ram:
         raise ConfigError(f"{named['staging']} has nothing to copy: {named['format']} {stored.streams}")
+    path = format.get("path")
+    if stored.remote and isinstance(path, str) and is_address(path) and options.facts_of(staging).copies_to_ram:
+        raise ConfigError(f"{named['staging']} copies local files, and format.path={path} is remote: drop the "
+                          "staging option, or copy the files to a local folder and stage that")

@@ -164,9 +164,14 @@ class Http:
         return response
 
 
+def is_address(path: str) -> bool:
+    """Whether `path` names object storage or a web server rather than a local file or folder."""
+    return s3.is_remote(path) or path.startswith(("http://", "https://"))
+
+
 def location(path: str, endpoint_url: str | None = None) -> "Local | S3 | Http":
     if s3.is_remote(path):
         return S3(path, endpoint_url)
-    if path.startswith(("http://", "https://")):
+    if is_address(path):
         return Http(path)
     return Local(Path(path).expanduser())

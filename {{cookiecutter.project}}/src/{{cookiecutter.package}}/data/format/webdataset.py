@@ -27,7 +27,6 @@ import numpy as np
 
 from ...contracts import Format, Store, Stores
 from ...core.errors import ConfigError
-from ..staging import no_staging
 from . import META, SPLITS, check_folder, s3
 from .locations import Local, location
 
@@ -217,9 +216,6 @@ class Webdataset(Format):
 
     def stores(self, source, stage) -> Stores:
         where = location(self.path, self.endpoint_url)
-        if where.remote and stage is not no_staging:
-            raise ConfigError(f"format.path={self.path} is remote, and a staging copies local files; drop the "
-                              "staging option, or copy the shards to a local folder and stage that")
         if not where.remote:
             check_folder(where.folder, "write it with python -m {{ cookiecutter.package }}.pack format=webdataset "
                          "pack.out=<folder>, or pass your shards' folder", "folder or s3:// prefix")
