@@ -135,10 +135,15 @@ def test_shards_on_s3_stopped_and_resumed_on_two_processes_train_every_image_onc
                                                                                            s3_server):
     """format=webdataset packed to S3 and read back by range, 2 processes x 2 workers: the stop and the resume
     of the agreed run above, from a bucket."""
+    import boto3
+
     from {{ cookiecutter.package }}.tools.pack import pack
 
     run_dir, (_, tree) = tmp_path / "run", blocks_pack
     pack(tree, "webdataset", "s3://images/blocks", None, 90, 2, False, "raise", endpoint_url=s3_server)
+    keys = [item["Key"] for item in boto3.client("s3", endpoint_url=s3_server).list_objects_v2(
+        Bucket="images", Prefix="blocks/")["Contents"]]
+    assert "blocks/pack.json" in keys and not [key for key in keys if key.endswith(".npz")], keys  # no local index
     on_s3 = ("format=webdataset", f"format.endpoint_url={s3_server}", f"format.cache_dir={tmp_path / 'cache'}")
     stopped_part_way(run_dir, blocks_job(run_dir, "s3://images/blocks", tree, format=on_s3))
     resumed = subprocess.run(blocks_job(run_dir, "s3://images/blocks", tree, "resume=auto", format=on_s3),

@@ -257,6 +257,8 @@ class Webdataset(Format):
                                                   "filenames": names, "shard_lengths": counts.tolist()}
         (written / INFO).write_text(json.dumps(info, indent=1))
         if s3.is_remote(out):
+            for index in written.glob("_index-*.npz"):  # readers of a bucket key theirs by ETag, in their cache_dir
+                index.unlink()
             s3.upload(written, out, self.endpoint_url, last=[INFO, META])
         else:
             super().publish(written, out)
