@@ -95,14 +95,19 @@ def test_data_of_classes_the_checkpoint_never_saw_is_refused(scored, tmp_path):
 
 @pytest.mark.full
 @pytest.mark.parametrize("command_line", [
-    ["evaluate", "checkpoint=/no/such/best.pt", "data.root=/tmp"],
-    ["predict", "checkpoint=/no/such/best.pt", "images=/tmp"],
+    ["evaluate", "checkpoint=/no/such/best.pt", "data.root={folder}"],
+    ["predict", "checkpoint=/no/such/best.pt", "images={folder}"],
     ["export", "checkpoint=/no/such/best.pt"],
 ], ids=["evaluate", "predict", "export"])
 def test_each_command_refuses_a_missing_checkpoint_in_one_line(command_line, tmp_path):
-    result = subprocess.run([sys.executable, "-m", f"{PACKAGE}.{command_line[0]}", *command_line[1:],
-                             f"hydra.run.dir={tmp_path}"], cwd=PROJECT, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, **QUIET})
+    # A folder of the test's own: one that other tests write into and delete from meanwhile (such as /tmp) can lose
+    # a subfolder while a command walks it.
+    folder = tmp_path / "images"
+    folder.mkdir()
+    result = subprocess.run([sys.executable, "-m", f"{PACKAGE}.{command_line[0]}",
+                             *(argument.format(folder=folder) for argument in command_line[1:]),
+                             f"hydra.run.dir={tmp_path / 'run'}"], cwd=PROJECT, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, **QUIET})
     assert result.returncode != 0
     assert error_line(result.stderr) == "error: checkpoint=/no/such/best.pt: no such file; pass the last.pt or best.pt " \
                                         "of a run folder"

@@ -72,9 +72,10 @@ def predict(cfg: DictConfig, run_dir: Path) -> tuple[Path, list[tuple[str, str, 
     """Write `cfg.out` (predictions.csv in the run folder): a row per readable image of `cfg.images`. Returns the
     path, the rows and how many files were left out as unreadable."""
     options.check(cfg)
+    # The checkpoint first, as evaluate and export read it: a missing one is refused before a large folder is walked.
+    state, inference = load_trained(cfg.checkpoint, torch.device("cpu"))
     files = image_files(cfg.images)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    state, inference = load_trained(cfg.checkpoint, torch.device("cpu"))
     model = trained_model(state, inference).to(device)
     usable_decoder(cfg.decoder)
     if options.facts_of(cfg.decoder).takes_pixels:
