@@ -179,7 +179,7 @@ def test_bf16_channels_last_and_compile_train_on_the_gpu(tmp_path, train_cli):
     result = summary(run_dir)
     assert result.env["device"].startswith("cuda") and result.steps == STEPS_PER_EPOCH
     assert result.skipped_steps == 0 and result.images_per_s > 0
-    assert "model.compile=true: compiled in" in (run_dir / "train.log").read_text()
+    assert "model.compile=true (mode default): compiled in" in (run_dir / "train.log").read_text()
 
 
 @pytest.mark.full
