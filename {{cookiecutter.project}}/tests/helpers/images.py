@@ -21,6 +21,16 @@ def photo(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Im
     return Image.fromarray(pixels).convert(mode)
 
 
+def large_photo(width: int, height: int, seed: int = 0, tile: int = 256) -> Image.Image:
+    """photo()'s ramp at a size where noise drawn for every pixel would take over a second, in every test process
+    that imports this module: the noise of one tile, repeated."""
+    rng = np.random.default_rng(seed)
+    noise = np.tile(rng.normal(0, 20, (tile, tile, 3)).astype(np.float32),
+                    (-(-height // tile), -(-width // tile), 1))[:height, :width]
+    ramp = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
+    return Image.fromarray(np.clip(ramp + noise, 0, 255).astype(np.uint8))
+
+
 def exif_rotated(width: int, height: int) -> bytes:
     """A JPEG whose EXIF orientation (6) asks viewers to turn it 90 degrees clockwise."""
     exif = Image.Exif()
@@ -36,7 +46,7 @@ ODD_FILES = {
     "png_named_jpeg": encoded(photo(300, 200), "PNG"),
     "progressive": encoded(photo(500, 375), progressive=True),
     "exif_rotated": exif_rotated(500, 375),
-    "large": encoded(photo(4000, 3000)),
+    "large": encoded(large_photo(4000, 3000)),
     "tiny": encoded(photo(16, 16)),
     "trailer": encoded(photo(500, 375)) + b"ftypmp42" + bytes(range(256)) * 40,  # a motion photo's video after EOI
     # Arithmetic coding, which nvJPEG does not decode; no Python library writes it, so this one was written by
