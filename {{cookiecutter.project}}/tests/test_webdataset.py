@@ -2,6 +2,7 @@
 line. The round trip, the refusals every packed format shares and the tiny training runs are test_format.py's and
 test_zoo.py's, which glob conf/format/."""
 import json
+import re
 import shutil
 import tarfile
 import zlib
@@ -16,6 +17,7 @@ from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import webdataset as shards
+from {{ cookiecutter.package }}.data.format.locations import Http
 from {{ cookiecutter.package }}.data.images import make_splits
 from {{ cookiecutter.package }}.data.loaders import check_fit, make_loader
 from {{ cookiecutter.package }}.data.staging import no_staging
@@ -251,6 +253,19 @@ def test_a_missing_truncated_or_unreachable_remote_shard_is_one_line_naming_it(t
     with pytest.raises(ConfigError) as refused:  # the server is gone
         open_remote(url, tmp_path / "cache")
     assert str(refused.value).startswith(f"format.path={url} cannot be read: ")
+
+
+def test_a_refused_stream_closes_its_connection(tmp_path, monkeypatch):
+    opened = []
+    connect = Http.connect
+    monkeypatch.setattr(Http, "connect", lambda self: opened.append(connect(self)) or opened[-1])
+    (tmp_path / "there.tar").write_bytes(b"shard")
+    with serving(tmp_path) as (url, _):
+        location = Http(url)
+        assert location.stream("there.tar").read() == b"shard"
+        with pytest.raises(OSError, match=re.escape(f"{url}/missing.tar answered HTTP 404")):
+            location.stream("missing.tar")
+    assert opened[0].sock is not None and opened[1].sock is None  # the stream read keeps its own; the refused ends
 
 
 @pytest.mark.parametrize("path", ["http://127.0.0.1:9/data", "s3://images/data"])

@@ -160,6 +160,8 @@ class Http:
         connection = self.connect()  # its own: a stream read over minutes must not hold up the reads by range
         connection.request("GET", f"{self.path}/{name}")
         response = connection.getresponse()
+        if response.status >= 400:  # refused: nothing will read this response, so its connection ends here
+            connection.close()
         self.checked(response.status, name)
         return response
 
