@@ -2,6 +2,7 @@
 datasets cache by name, one epoch trained from Parquet, and each bad input refused in one line. The round trip of
 pack's Parquet, the refusals every packed format shares and the runs from the packs are test_format.py's,
 test_save_load.py's and test_zoo.py's, which glob conf/format/."""
+import importlib.util
 import json
 import re
 
@@ -20,9 +21,9 @@ from {{ cookiecutter.package }}.data.staging import no_staging
 
 from conftest import encoded, photo
 
-datasets = pytest.importorskip("datasets", reason="pip install -e '.[hf]'")
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+# datasets, and the pyarrow it brings, are imported by the tests that use them: imported here, they would cost every
+# test process a second as it collects.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="pip install -e '.[hf]'")
 
 CPU = torch.device("cpu")
 CLASSES = ["cat", "dog", "eel"]
@@ -33,8 +34,11 @@ def jpeg(split: str, index: int) -> bytes:
     return encoded(photo(48, 40, seed=index + 100 * (split == "validation")))
 
 
-def hub_dataset(labels: dict = LABELS, image: str = "image", label: str = "label") -> "datasets.DatasetDict":
-    """Real JPEGs with an Image feature and a ClassLabel, as the Hub's image classification sets have them."""
+def hub_dataset(labels: dict = LABELS, image: str = "image", label: str = "label"):
+    """A datasets.DatasetDict of real JPEGs with an Image feature and a ClassLabel, as the Hub's image classification
+    sets have them."""
+    import datasets
+
     features = datasets.Features({image: datasets.Image(), label: datasets.ClassLabel(names=CLASSES)})
     return datasets.DatasetDict({split: datasets.Dataset.from_dict(
         {image: [{"bytes": jpeg(split, index), "path": None} for index in range(len(values))], label: values},
@@ -97,6 +101,7 @@ def test_a_save_to_disk_folder_is_read_in_place(tmp_path):
 def test_a_data_set_in_the_datasets_cache_is_read_offline_by_its_hub_name(tmp_path, monkeypatch):
     """The cache as load_dataset('user/name') leaves it: user___name/default/0.0.0/<hash>/name-<split>.arrow, filled
     here from Parquet without the Hub. Reading it calls nothing of the Hub's."""
+    import datasets
     from datasets.packaged_modules.parquet.parquet import Parquet
 
     root, cache = hub_folder(tmp_path / "set", shards=1), tmp_path / "hf-cache"
@@ -129,6 +134,9 @@ def test_a_data_set_in_the_datasets_cache_is_read_offline_by_its_hub_name(tmp_pa
 
 def test_column_names_are_settings_and_bytes_without_datasets_metadata_are_read(tmp_path):
     """Parquet written by plain pyarrow: the images a binary column, the labels integers, no ClassLabel."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     (tmp_path / "set").mkdir()
     for split, labels in LABELS.items():
         pq.write_table(pa.table({"img": pa.array([jpeg(split, index) for index in range(len(labels))], pa.binary()),
@@ -156,6 +164,9 @@ def test_a_split_named_otherwise_is_refused_naming_the_files_there(tmp_path):
 
 
 def test_labels_that_are_not_class_numbers_are_refused_in_one_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     (tmp_path / "names").mkdir()
     for split in LABELS:
         pq.write_table(pa.table({"image": pa.array([jpeg(split, 0)], pa.binary()), "label": ["cat"]}),
@@ -194,6 +205,8 @@ def test_a_single_split_saved_to_disk_is_refused_saying_what_to_save(tmp_path):
 
 def test_an_unreadable_image_is_skipped_and_counted_as_in_every_format(tmp_path):
     """Garbage bytes, and an image held by a path that is gone; one held by a path that is there is read."""
+    import datasets
+
     (tmp_path / "photo.jpg").write_bytes(jpeg("train", 0))
     (tmp_path / "gone.jpg").write_bytes(jpeg("train", 0))  # removed once the Parquet is written
     images = [{"bytes": b"not a jpeg", "path": None}, {"bytes": None, "path": str(tmp_path / "gone.jpg")},
@@ -215,6 +228,8 @@ def test_an_unreadable_image_is_skipped_and_counted_as_in_every_format(tmp_path)
 
 
 def test_pack_writes_parquet_in_the_hubs_naming_with_a_card_that_datasets_reads(packs, tmp_path):
+    import datasets
+
     meta = json.loads((packs["hf"] / META).read_text())
     shards = sorted(path.name for path in (packs["hf"] / "train").iterdir())
     assert len(shards) > 1, "several shards: chunk_mb is small in the packs fixture"

@@ -1,6 +1,7 @@
 """format=hf with format.streaming=true: the training split's Parquet files streamed by datasets, split by process
 and by worker, shuffled again each epoch, every process given the same number of batches, a run stopped mid-epoch
 resumed to the uninterrupted run's weights, and each bad input refused in one line."""
+import importlib.util
 import zlib
 
 import pytest
@@ -15,7 +16,7 @@ from helpers.processes import stopped_after_first_checkpoint
 from helpers.runs import summary
 from test_hf import hub_dataset, jpeg, open_hf, refusal
 
-pytest.importorskip("datasets", reason="pip install -e '.[hf]'")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="pip install -e '.[hf]'")
 
 CPU = torch.device("cpu")
 LABELS = {"train": [index % 3 for index in range(26)], "validation": [0, 1, 2, 0]}  # 4 files: 7, 7, 6 and 6 rows
