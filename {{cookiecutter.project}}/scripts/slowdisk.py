@@ -75,13 +75,19 @@ def mount_entry(mountpoint: str) -> list[str] | None:
     return None
 
 
+def connection(entry: list[str]) -> Path:
+    """A FUSE mount's folder in fusectl (`abort`, `waiting`, ...): its connection is numbered by the mount's device
+    minor, from its mountinfo `entry`."""
+    return Path("/sys/fs/fuse/connections") / entry[2].split(":")[1]
+
+
 def abort(mountpoint: str) -> str | None:
     """End every request to a FUSE mount, waiting or to come, as `fusectl` does: its connection, numbered by the
     mount's device minor, is aborted. Why it could not be, or None."""
     entry = mount_entry(mountpoint)
     if entry is None:
         return f"{mountpoint} is not mounted"
-    control = Path("/sys/fs/fuse/connections") / entry[2].split(":")[1] / "abort"
+    control = connection(entry) / "abort"
     if not control.exists():
         return (f"{control} does not exist: fusectl is not mounted (as root: mount -t fusectl fusectl "
                 "/sys/fs/fuse/connections), or the mount is not FUSE's")

@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers.slow_disk import SCRIPT, fusectl, missing_fuse, mount_entry, slow_disk
+from helpers.slow_disk import SCRIPT, connection, fusectl, missing_fuse, mount_entry, slow_disk
 
 HDD_MS_PER_FILE = 12 + 8 + 8  # open, the getattr before it, and the seek of its first read (scripts/slowdisk.py)
 
@@ -96,8 +96,14 @@ def test_an_aborted_mount_fails_the_read_waiting_on_it_and_every_one_after(tiny_
         waiting = []
         reader = threading.Thread(target=lambda: waiting.append(read_error(mountpoint / path)))
         reader.start()
+        # The read must wait in the connection when the abort comes: a thread not yet scheduled on a busy machine
+        # would read after it, and get ENOTCONN.
+        queued = connection(mount_entry(mountpoint)) / "waiting"
+        deadline = time.monotonic() + 30
+        while int(queued.read_text()) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
         reader.join(timeout=1)
-        assert reader.is_alive()  # a frozen mount answers nothing, however long it is given
+        assert int(queued.read_text()) > 0 and reader.is_alive()  # a frozen mount answers nothing
         aborted = subprocess.run([sys.executable, str(SCRIPT), "--abort", str(mountpoint)], capture_output=True,
                                  text=True, timeout=30)
         assert aborted.returncode == 0, aborted.stderr

@@ -29,7 +29,7 @@ def script():
 
 
 slowdisk = script()
-mount_entry, abort = slowdisk.mount_entry, slowdisk.abort
+mount_entry, abort, connection = slowdisk.mount_entry, slowdisk.abort, slowdisk.connection
 
 
 def missing_fuse() -> str | None:
