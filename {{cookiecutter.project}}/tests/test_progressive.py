@@ -1,6 +1,9 @@
 """Progressive resizing (data.start_crop_size, data.crop_ramp_epochs): the training crop grows epoch by epoch to
 data.crop_size (or data.train_crop_size), the workers cut each epoch's size, and validation stays at
-data.crop_size."""
+data.crop_size. And data.crop_scale: the share of an image's area the training crops cover."""
+import random
+import re
+
 import pytest
 
 from {{ cookiecutter.package }}.core.errors import ConfigError
@@ -43,3 +46,25 @@ def test_a_start_beyond_the_training_side_names_the_key_that_set_it():
 def test_a_training_side_that_is_not_a_whole_number_is_refused_in_one_line(value):
     with pytest.raises(ConfigError, match=rf"^data.train_crop_size={value!r} is not a whole number of pixels, nor null$"):
         sources.crops(32, value, None, (0, 0))
+
+
+def area_shares(crop: TrainCrop, draws: int) -> list[float]:
+    random.seed(0)
+    boxes = [crop(100, 100)[0] for _ in range(draws)]
+    return [(right - left) * (bottom - top) / 100 ** 2 for left, top, right, bottom in boxes]
+
+
+def test_the_crop_scale_bounds_the_share_of_the_image_each_crop_covers():
+    raised = area_shares(TrainCrop(28, sources.crops(28, None, None, (0, 0), [0.5, 1.0])["crop_scale"]), 2000)
+    default = area_shares(TrainCrop(28), 2000)
+    assert 0.49 <= min(raised) < 0.55 and max(raised) <= 1  # a box's sides are whole pixels: within rounding
+    assert min(default) < 0.1 and sum(share < 0.5 for share in default) > 500
+
+
+@pytest.mark.parametrize("value", [[0.5], [0, 1], [0.6, 0.5], [0.5, 1.5], "abc", True])
+def test_a_crop_scale_that_is_not_an_ordered_pair_of_shares_is_refused_in_one_line(value):
+    shown = re.escape(str(value))
+    with pytest.raises(ConfigError, match=rf"^data.crop_scale={shown} is not \[least, most\] shares of an image's "
+                                          r"area \(0 < least <= most <= 1\) that a training crop covers, such as "
+                                          r"\[0.08,1.0\]$"):
+        sources.crops(28, None, None, (0, 0), value)

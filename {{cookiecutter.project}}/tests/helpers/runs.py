@@ -111,6 +111,7 @@ BAD_INPUT = {
     "data.crop_ramp_epochs not a pair": ["data.start_crop_size=16", "data.crop_ramp_epochs=3"],
     "data.start_crop_size without a ramp": ["data.start_crop_size=16"],
     "data.train_crop_size=abc": ["data.train_crop_size=abc"],
+    "data.crop_scale backwards": ["data.crop_scale=[0.9,0.1]"],
     "augment.magnitude beyond its bins": ["augment=rand_augment", "augment.magnitude=31"],
     "train.top1_levels above 100": ["train.top1_levels=[50,150]"],
     "CUDA graphs with train.accumulate": ["model.compile=true", "model.compile_mode=reduce-overhead",

@@ -8,6 +8,7 @@ from ..contracts import Box, Crop
 from ..core.errors import ConfigError
 
 SIZE_STEP = 8  # the sizes between a progressive schedule's ends are multiples of this
+DEFAULT_SCALE = (0.08, 1.0)  # the share of an image's area a training crop covers: torchvision's and timm's default
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class TrainCrop(Crop):
     torchvision's get_params, which matters once nothing is left to decode (format=tensor).
     """
 
-    def __init__(self, size: int, scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    def __init__(self, size: int, scale: tuple[float, float] = DEFAULT_SCALE, ratio: tuple[float, float] = (3 / 4, 4 / 3),
                  schedule: CropSchedule | None = None):
         self.size, self.scale = size, scale
         self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))

@@ -253,7 +253,7 @@ class Splits:
 def make_splits(source: Source, stores: Stores, decoder: Decoder, seed: int = 0) -> Splits:
     """Training and validation data sets: random crops for one, the deterministic centre crop for the other."""
     size, on_error, fraction = source.crop_size, source.on_error, source.max_bad_fraction
-    crop = TrainCrop(source.train_crop_size, schedule=source.crop_schedule)
+    crop = TrainCrop(source.train_crop_size, source.crop_scale, schedule=source.crop_schedule)
     return Splits(Images(stores.train, decoder.transform(crop), on_error, fraction, seed, "training", crop),
                   Images(stores.val, decoder.transform(CenterCrop(size, source.val_resize)), on_error, fraction,
                          split="validation"),

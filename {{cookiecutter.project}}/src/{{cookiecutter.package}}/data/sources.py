@@ -1,6 +1,7 @@
 """Where the images come from: `data=folder|synthetic`, the path of a JPEG tree, the crops to cut and the
 normalisation; and how a run's preprocessing is settled between the data's keys and the model's weights."""
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from omegaconf import DictConfig, open_dict
 from ..contracts import Preprocessing
 from ..core.errors import ConfigError
 from . import synth
-from .crops import CropSchedule
+from .crops import DEFAULT_SCALE, CropSchedule
 from .device import IMAGENET_MEAN, IMAGENET_STD
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ class Source:
     mean: tuple[float, ...] = IMAGENET_MEAN  # per channel, in 0..1 of the pixel range
     std: tuple[float, ...] = IMAGENET_STD
     crop_schedule: CropSchedule | None = None  # progressive resizing of the training crop; None: its side throughout
+    crop_scale: tuple[float, float] = DEFAULT_SCALE  # the share of an image's area a training crop covers, least to most
 
 
 def channels(key: str, values, default: tuple[float, ...]) -> tuple[float, ...]:
@@ -43,19 +45,34 @@ def channels(key: str, values, default: tuple[float, ...]) -> tuple[float, ...]:
     return numbers
 
 
-def crops(crop_size: int, train_crop_size: int | None, start_crop_size: int | None, crop_ramp_epochs) -> dict:
-    """The Source's training side and crop schedule: training ends at data.train_crop_size where one is set (trained
-    at a lower side than it is validated at, as FixRes does: arXiv:1906.06423), else at data.crop_size."""
+def crops(crop_size: int, train_crop_size: int | None, start_crop_size: int | None, crop_ramp_epochs,
+          crop_scale=DEFAULT_SCALE) -> dict:
+    """The Source's training side, crop schedule and crop scale: training ends at data.train_crop_size where one is
+    set (trained at a lower side than it is validated at, as FixRes does: arXiv:1906.06423), else at data.crop_size."""
     for key, value in (("data.train_crop_size", train_crop_size), ("data.start_crop_size", start_crop_size)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ConfigError(f"{key}={value!r} is not a whole number of pixels, nor null")
     side, key = (crop_size, "data.crop_size") if train_crop_size is None else (train_crop_size, "data.train_crop_size")
-    return {"train_crop_size": side, "crop_schedule": CropSchedule(side, start_crop_size, crop_ramp_epochs, key)}
+    return {"train_crop_size": side, "crop_schedule": CropSchedule(side, start_crop_size, crop_ramp_epochs, key),
+            "crop_scale": scale_range(crop_scale)}
+
+
+def scale_range(values) -> tuple[float, float]:
+    """data.crop_scale as the pair (least, most) with 0 < least <= most <= 1, or refuse it in one line."""
+    try:
+        least, most = (float(value) for value in values)
+    except (TypeError, ValueError):
+        least, most = 0.0, -1.0
+    if isinstance(values, str) or not 0 < least <= most <= 1:
+        shown = list(values) if isinstance(values, Sequence) and not isinstance(values, str) else values
+        raise ConfigError(f"data.crop_scale={shown} is not [least, most] shares of an image's area (0 < least <= most "
+                          f"<= 1) that a training crop covers, such as [{DEFAULT_SCALE[0]},{DEFAULT_SCALE[1]}]")
+    return least, most
 
 
 def folder(root: str | None, crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01,
            mean=None, std=None, start_crop_size: int | None = None, crop_ramp_epochs=(0, 0),
-           train_crop_size: int | None = None) -> Source:
+           train_crop_size: int | None = None, crop_scale=DEFAULT_SCALE) -> Source:
     """A tree in the ImageNet layout: root/train/<class>/* and root/val/<class>/*."""
     path = Path(root).expanduser() if root else None
     if path is not None and path.is_file():
@@ -65,13 +82,13 @@ def folder(root: str | None, crop_size: int, val_resize: int, on_error: str, max
     return Source(root=path, crop_size=crop_size, val_resize=val_resize, on_error=on_error,
                   max_bad_fraction=max_bad_fraction, mean=channels("data.mean", mean, IMAGENET_MEAN),
                   std=channels("data.std", std, IMAGENET_STD),
-                  **crops(crop_size, train_crop_size, start_crop_size, crop_ramp_epochs))
+                  **crops(crop_size, train_crop_size, start_crop_size, crop_ramp_epochs, crop_scale))
 
 
 def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_dir: str,
               crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01, mean=None,
               std=None, start_crop_size: int | None = None, crop_ramp_epochs=(0, 0),
-              train_crop_size: int | None = None) -> Source:
+              train_crop_size: int | None = None, crop_scale=DEFAULT_SCALE) -> Source:
     """The built-in data set, written once per size into cache_dir and reused."""
     root = Path(cache_dir).expanduser() / f"c{num_classes}-t{train_per_class}-v{val_per_class}"
     if not (root / "val").is_dir():
@@ -80,7 +97,7 @@ def synthetic(num_classes: int, train_per_class: int, val_per_class: int, cache_
     return Source(root=root, crop_size=crop_size, val_resize=val_resize, on_error=on_error,
                   max_bad_fraction=max_bad_fraction, mean=channels("data.mean", mean, IMAGENET_MEAN),
                   std=channels("data.std", std, IMAGENET_STD),
-                  **crops(crop_size, train_crop_size, start_crop_size, crop_ramp_epochs))
+                  **crops(crop_size, train_crop_size, start_crop_size, crop_ramp_epochs, crop_scale))
 
 
 def fit_preprocessing(data: DictConfig, own: Preprocessing | None, chosen: set[str]) -> Preprocessing:
