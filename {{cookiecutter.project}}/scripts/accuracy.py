@@ -15,7 +15,8 @@ project holds none of its code) with the same settings, biases not decayed (`--b
 kept in its run folder's train.log. Its schedule steps once per epoch; this loop's default steps per batch, and the
 row `schedule=epoch_cosine` steps as the reference's does. The two rows with `schedule.warmup_epochs=0` complete
 the 2x2 of warm-up on or off by per-step or per-epoch. The reference has no seed flag, so its runs differ by their
-random start alone. The row `experiment=fast_to_accuracy` trains that recipe in place of experiment=fashion_mnist.
+random start alone. The row `experiment=fast_to_accuracy` trains that recipe, for its own epochs, in place of
+experiment=fashion_mnist.
 
 Each run's result is kept in its folder under --work (by row, epochs and seed), so the same command run again
 after a table was cut short trains only the runs it lacks. With --jobs above 1, runs share the machine, so their
@@ -126,17 +127,20 @@ def overrides(variant: list[str], packs: Path) -> list[str]:
     return [override.format(packs=packs) for override in variant]
 
 
-def recipe_and_overrides(variant: list[str], packs: Path) -> list[str]:
-    """experiment=fashion_mnist and the row's overrides, or the row's own recipe where it names one."""
+def recipe_and_overrides(variant: list[str], packs: Path, epochs: int) -> list[str]:
+    """experiment=fashion_mnist for `epochs` and the row's overrides, or the row's own recipe where it names one,
+    for the recipe's own epochs: a recipe's schedule is part of what it is."""
     chosen = overrides(variant, packs)
-    return chosen if any(override.startswith("experiment=") for override in chosen) else [RECIPE, *chosen]
+    if any(override.startswith("experiment=") for override in chosen):
+        return chosen
+    return [RECIPE, f"train.epochs={epochs}", *chosen]
 
 
 def ours(root: Path, variant: list[str], seed: int, epochs: int, run_dir: Path, packs: Path, workers: int,
-         levels: list[int]) -> Run:
+         levels: list[str]) -> Run:
     """One run of this project's loop: its last validation top-1 and its minutes to each level."""
-    command = [sys.executable, "-m", f"{PACKAGE}.train", *recipe_and_overrides(variant, packs), f"data.root={root}",
-               f"seed={seed}", f"train.epochs={epochs}", f"loader.num_workers={workers}",
+    command = [sys.executable, "-m", f"{PACKAGE}.train", *recipe_and_overrides(variant, packs, epochs),
+               f"data.root={root}", f"seed={seed}", f"loader.num_workers={workers}",
                f"train.top1_levels=[{','.join(map(str, levels))}]", f"hydra.run.dir={run_dir}"]
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -187,7 +191,7 @@ def compared_with(name: str, names: list[str]) -> str | None:
     return next((candidate for candidate in ahead if candidate in names), None)
 
 
-def table(rows: list[Row], names: list[str], levels: list[int]) -> str:
+def table(rows: list[Row], names: list[str], levels: list[str]) -> str:
     """The rows finished, each judged against the row compared_with names, once that one has finished too."""
     by_name = {row.name: row for row in rows}
     lines = ["| run | top-1 per seed (%) | mean | sd | within the spread of | minutes per run | "
@@ -203,11 +207,11 @@ def table(rows: list[Row], names: list[str], levels: list[int]) -> str:
             within = f"{'yes' if row.within(by_name[target]) else '**no**'}, of {target}"
         lines.append(f"| {row.name} | {', '.join(f'{value:.2f}' for value in row.top1)} | {row.mean:.2f} | "
                      f"{row.sd:.2f} | {within} | {statistics.fmean(row.minutes):.1f} | "
-                     + " | ".join(row.minutes_to(str(level)) for level in levels) + " |")
+                     + " | ".join(row.minutes_to(level) for level in levels) + " |")
     return "\n".join(lines) + "\n"
 
 
-def measure(rows: dict[str, Callable[[int], Run]], seeds: list[int], jobs: int, levels: list[int],
+def measure(rows: dict[str, Callable[[int], Run]], seeds: list[int], jobs: int, levels: list[str],
             out: Path | None) -> tuple[list[Row], list[str]]:
     """Each row's runs, `jobs` at a time: rows maps a row's name to run(seed) -> Run. A run that fails leaves its
     row out, said in one line, and the others go on. The table of the rows finished so far is written to `out` as
@@ -258,6 +262,18 @@ def whole(low: int, high: int | None = None):
     return parse
 
 
+def percent(text: str) -> str:
+    """An argparse type: a top-1 level above 0 and up to 100, such as 88 or 87.6, written as the loop's summary.json
+    keys it (time_to_top1_s: "88", "87.6"), refused in argparse's one error line otherwise."""
+    try:
+        level = float(text)
+    except ValueError:
+        level = 0.0
+    if not 0 < level <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a top-1 percentage above 0 and up to 100, such as 87.6")
+    return f"{level:g}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="the class-folder tree of scripts/fashion_mnist.py")
@@ -268,7 +284,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="the reference run's --device (cuda on a GPU)")
     parser.add_argument("--workers", type=whole(0), default=2, help="each run's loader workers, the reference's too")
     parser.add_argument("--jobs", type=whole(1), default=1, help="runs at a time, sharing the machine")
-    parser.add_argument("--levels", type=whole(1, 100), nargs="+", default=[90, 92],
+    parser.add_argument("--levels", type=percent, nargs="+", default=["90", "92"],
                         help="validation top-1 levels (%%) whose time the table gives")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--out", type=Path, help="write the table here as well as to stdout")
