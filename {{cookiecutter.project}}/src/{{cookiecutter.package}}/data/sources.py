@@ -59,15 +59,16 @@ def crops(crop_size: int, train_crop_size: int | None, start_crop_size: int | No
 
 def scale_range(values) -> tuple[float, float]:
     """data.crop_scale as the pair (least, most) with 0 < least <= most <= 1, or refuse it in one line."""
+    listed = isinstance(values, Sequence) and not isinstance(values, str)
     try:
-        least, most = (float(value) for value in values)
+        numbers = tuple(float(value) for value in values) if listed else ()
     except (TypeError, ValueError):
-        least, most = 0.0, -1.0
-    if isinstance(values, str) or not 0 < least <= most <= 1:
-        shown = list(values) if isinstance(values, Sequence) and not isinstance(values, str) else values
-        raise ConfigError(f"data.crop_scale={shown} is not [least, most] shares of an image's area (0 < least <= most "
-                          f"<= 1) that a training crop covers, such as [{DEFAULT_SCALE[0]},{DEFAULT_SCALE[1]}]")
-    return least, most
+        numbers = ()
+    if len(numbers) != 2 or not 0 < numbers[0] <= numbers[1] <= 1:
+        raise ConfigError(f"data.crop_scale={list(values) if listed else values} is not [least, most] shares of an "
+                          f"image's area (0 < least <= most <= 1) that a training crop covers, such as "
+                          f"[{DEFAULT_SCALE[0]},{DEFAULT_SCALE[1]}]")
+    return numbers
 
 
 def folder(root: str | None, crop_size: int, val_resize: int, on_error: str, max_bad_fraction: float = 0.01,
