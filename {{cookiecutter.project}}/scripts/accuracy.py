@@ -141,7 +141,7 @@ def ours(root: Path, variant: list[str], seed: int, epochs: int, run_dir: Path, 
     """One run of this project's loop: its last validation top-1 and its minutes to each level."""
     command = [sys.executable, "-m", f"{PACKAGE}.train", *recipe_and_overrides(variant, packs, epochs),
                f"data.root={root}", f"seed={seed}", f"loader.num_workers={workers}",
-               f"train.top1_levels=[{','.join(map(str, levels))}]", f"hydra.run.dir={run_dir}"]
+               f"train.top1_levels=[{','.join(levels)}]", f"hydra.run.dir={run_dir}"]
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     summary = Summary.read(run_dir / "summary.json")
