@@ -1,94 +1,163 @@
-"""format=hf with format.streaming=true: the training split's Parquet files streamed by datasets, split by process
-and by worker, shuffled again each epoch, every process given the same number of batches, a run stopped mid-epoch
-resumed to the uninterrupted run's weights, and each bad input refused in one line."""
+"""format=hf with format.streaming=true: the training split read from its Parquet files where they are, a run of rows
+at a time under order=blocks, on the layouts the Hub has (equal files and a short last one, fewer files than
+workers, files that do not divide among the processes): every image once an epoch, less at most one global batch,
+each row group read once per run, a run stopped mid-epoch resumed on another worker count to the uninterrupted
+run's weights, and each bad input refused in one line."""
 import importlib.util
 import zlib
+from collections import Counter
+from dataclasses import replace
+from itertools import islice
 
+import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch.utils.data import default_collate
 
+from {{ cookiecutter.package }}.contracts import Layout
 from {{ cookiecutter.package }}.core.distributed import World
+from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.data.format import hf_stream
 from {{ cookiecutter.package }}.data.images import Images
+from {{ cookiecutter.package }}.data.loaders import check_order, training_loader
+from {{ cookiecutter.package }}.data.order import BlockOrder, RandomOrder
+from {{ cookiecutter.package }}.options import CONF
 
 from helpers.processes import stopped_after_first_checkpoint
 from helpers.runs import summary
-from test_hf import hub_dataset, jpeg, open_hf, refusal
+from test_hf import CLASSES, hub_dataset, open_hf, refusal
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="pip install -e '.[hf]'")
 
 CPU = torch.device("cpu")
-LABELS = {"train": [index % 3 for index in range(26)], "validation": [0, 1, 2, 0]}  # 4 files: 7, 7, 6 and 6 rows
+# The Hub's usual layout: equal files and a short last one; files that two processes cannot share evenly; one file,
+# fewer than the workers. Row counts per file.
+LAYOUTS = {"7 equal files and a short one": [40] * 7 + [12], "3 uneven files": [50, 50, 21], "one file": [90]}
 
 
-@pytest.fixture(scope="module")
-def streamed(tmp_path_factory):
-    """The Stores of a folder in the Hub's layout with 4 training Parquet files of row groups of 3, its training split
-    streamed."""
-    tmp_path = tmp_path_factory.mktemp("stream")
-    (tmp_path / "set/data").mkdir(parents=True)
-    for split, part in hub_dataset(LABELS).items():
-        for shard in range(4):
-            part.shard(4, shard, contiguous=True).to_parquet(
-                tmp_path / f"set/data/{split}-{shard:05d}-of-00004.parquet", batch_size=3)  # a row group a batch
-    return open_hf(tmp_path / "set", tmp_path, streaming=True, shuffle_buffer=8)
+def payload(index: int) -> bytes:
+    return f"image {index}".encode()  # read back through its CRC-32, never decoded
 
 
-def epoch_of(stores, epoch: int, rank: int = 0, world_size: int = 1, workers: int = 0, seed: int = 0,
-             skip_images: int = 0) -> list[list[tuple[int, int]]]:
-    """Each batch one process trains in `epoch`, as its images' (CRC-32, label)."""
-    images = Images(stores.train, zlib.crc32, "raise", seed=seed)  # the payload's checksum, not its pixels
-    loader = stores.train_loader(images, world=World(rank, rank, world_size, CPU), batch_size=2, seed=seed,
-                                 collate=default_collate, worker_init_fn=None, num_workers=workers, prefetch_factor=2,
-                                 pin_memory=False, persistent_workers=True)
-    loader.set_epoch(epoch, skip_images)
-    batches = [list(zip(crcs.tolist(), labels.tolist())) for crcs, labels in loader]
-    assert len(batches) == len(loader) and loader.coverage() is None
-    return batches
+INDEX_OF = {zlib.crc32(payload(index)): index for index in range(1024)}
 
 
-SOURCE = {(zlib.crc32(jpeg("train", index)), label) for index, label in enumerate(LABELS["train"])}  # as streamed
+def hub_parquet(folder, rows: list[int], group_rows: int = 10):
+    """Training Parquet files of `rows` rows each, in row groups of `group_rows`, with datasets' Image and ClassLabel
+    features, as the Hub's data/train-0000i-of-0000n.parquet, and a validation file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets import ClassLabel, Features, Image
+
+    schema = Features({"image": Image(), "label": ClassLabel(names=CLASSES)}).arrow_schema
+    (folder / "data").mkdir(parents=True)
+    first = 0
+    for number, count in enumerate(rows):
+        indices = range(first, first + count)
+        pq.write_table(pa.table({"image": [{"bytes": payload(index), "path": None} for index in indices],
+                                 "label": [index % 3 for index in indices]}, schema=schema),
+                       folder / "data" / f"train-{number:05d}-of-{len(rows):05d}.parquet", row_group_size=group_rows)
+        first += count
+    pq.write_table(pa.table({"image": [{"bytes": payload(0), "path": None}], "label": [0]}, schema=schema),
+                   folder / "data" / "validation-00000-of-00001.parquet")
+    return folder
 
 
-def test_an_epoch_streams_each_image_at_most_once_in_its_capped_batches(streamed, caplog):
-    assert streamed.train.labels.tolist() == LABELS["train"] and streamed.classes == ["cat", "dog", "eel"]
-    assert [streamed.train.read(index) for index in range(26)] == [  # by index, as an unreadable image's neighbour
-        (jpeg("train", index), label) for index, label in enumerate(LABELS["train"])]
-    assert streamed.train.name(13).endswith("train-00001-of-00004.parquet[6]")
-    with caplog.at_level("INFO"):
-        taken = [image for batch in epoch_of(streamed, 0) for image in batch]
-    assert len(taken) == len(set(taken)) == 26 and set(taken) == SOURCE  # alone, with no worker: every whole batch
-    assert "leaves out 0 of the 26 training images" in caplog.text
+def epoch(stores, processes: int, workers: int, order, batch_size: int = 4, epoch: int = 1, skip: int = 0,
+          began: Layout | None = None, stop_after: int | None = None) -> tuple[list[int], list]:
+    """The images each process of a job trains in `epoch` (its first `stop_after` batches), read through real loader
+    workers, as the indices their bytes say; and each process's trace of the epoch, which must hold the same."""
+    reading = replace(stores, train=order.reads(stores.train))  # as make_loaders builds the loader
+    trained, traces = [], []
+    for rank in range(processes):
+        images = Images(reading.train, zlib.crc32, "raise", seed=0)
+        loader = training_loader(reading, images, batch_size, 0, World(rank, rank, processes, CPU), default_collate,
+                                 order, Layout(processes, workers, batch_size), num_workers=workers, prefetch_factor=2,
+                                 pin_memory=False, persistent_workers=False)
+        if began:
+            loader.load_state({"layout": vars(began)})
+        loader.set_epoch(epoch, skip)
+        mine = []
+        for crcs, labels in islice(loader, stop_after):
+            mine += [INDEX_OF[crc] for crc in crcs.tolist()]
+            assert labels.tolist() == [index % 3 for index in mine[-len(labels):]]
+        assert np.concatenate(loader.coverage().taken).tolist() == mine, "traced as read"
+        trained += mine
+        traces.append(loader.coverage())
+    return trained, traces
 
 
-def test_two_ranks_of_two_workers_take_as_many_batches_and_disjoint_images(streamed, caplog):
-    with caplog.at_level("INFO"):
-        ranks = [epoch_of(streamed, 1, rank, 2, workers=2) for rank in (0, 1)]
-    # Each process gets 2 of the 4 files, one per worker: 6 or 7 rows, 3 whole batches, whichever files it gets.
-    assert len(ranks[0]) == len(ranks[1]) == hf_stream.least_batches([7, 7, 6, 6], 2, 2, 2) == 6
-    taken = [image for batches in ranks for batch in batches for image in batch]
-    assert len(taken) == len(set(taken)) == 24 and set(taken) < SOURCE
-    assert "leaves out 2 of the 26 training images" in caplog.text
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_an_epoch_trains_every_image_once_less_a_global_batch_on_the_hubs_layouts(tmp_path, layout):
+    stores = open_hf(hub_parquet(tmp_path / "set", LAYOUTS[layout]), tmp_path, streaming=True)
+    size = sum(LAYOUTS[layout])
+    assert stores.train.labels.tolist() == [index % 3 for index in range(size)]
+    for processes in (1, 2):
+        for workers in (1, 2, 3, 4):
+            trained, traces = epoch(stores, processes, workers, BlockOrder(block=8, window=2))
+            counts = Counter(trained)
+            assert max(counts.values()) == 1, f"{processes} x {workers}: an image trained twice"
+            assert size - len(counts) < processes * 4, f"{processes} x {workers}: {size - len(counts)} left out"
+            left_out = {int(index) for trace in traces for index in trace.plan.left_out()}
+            assert left_out == set(range(size)) - set(counts), "what is left out is what the sampler says"
 
 
-def test_the_order_is_drawn_again_each_epoch_and_again_the_same_for_the_seed(streamed):
-    first = epoch_of(streamed, 0, workers=2)
-    assert epoch_of(streamed, 0, workers=2) == first
-    assert epoch_of(streamed, 1, workers=2) != first
-    assert epoch_of(streamed, 0, workers=2, seed=1) != first
+def test_a_run_of_rows_reads_each_row_group_it_spans_once(tmp_path, monkeypatch):
+    """1,024 images in row groups of 100: an epoch under order=blocks reads a group per run (two where a run spans
+    two), where reading image by image read a group per image."""
+    stores = open_hf(hub_parquet(tmp_path / "set", [256] * 4, group_rows=100), tmp_path, streaming=True)
+    reads = Counter()
+    read_group = hf_stream.ParquetRows.read_group
+    monkeypatch.setattr(hf_stream.ParquetRows, "read_group",
+                        lambda self, group: reads.update([group]) or read_group(self, group))
+    order = BlockOrder(block=64, window=2)
+    trained, traces = epoch(stores, 1, 0, order, batch_size=16)  # no worker: the reads happen in this process
+    assert len(trained) == 1024
+    runs = len({(int(start), int(stop)) for start, stop in zip(traces[0].plan.drawn.run_starts,
+                                                               traces[0].plan.drawn.run_stops)})
+    assert sum(reads.values()) <= 2 * runs <= 2 * (1024 // 64 + 1)
+    assert set(reads) == set(range(len(stores.train.groups.starts)))  # every group read, none more than its runs ask
 
 
-def test_a_resumed_epoch_drops_the_batches_trained(streamed):
-    whole = epoch_of(streamed, 2, rank=1, world_size=2, workers=2)
-    assert epoch_of(streamed, 2, rank=1, world_size=2, workers=2, skip_images=12) == whole[3:]  # 3 batches of 2, twice
+def test_a_resumed_epoch_on_another_worker_count_trains_the_rest_once(tmp_path):
+    """Stopped after 5 batches a process with 2 processes of 3 workers; resumed with 1 worker each: the rest of the
+    epoch is drawn for the layout it began with, so the two parts are the whole epoch once."""
+    stores = open_hf(hub_parquet(tmp_path / "set", LAYOUTS["7 equal files and a short one"]), tmp_path, streaming=True)
+    order, began = BlockOrder(block=8, window=2), Layout(2, 3, 4)
+    whole, _ = epoch(stores, 2, 3, order)
+    before, _ = epoch(stores, 2, 3, order, stop_after=5)
+    after, _ = epoch(stores, 2, 1, order, skip=len(before), began=began)
+    assert sorted(before + after) == sorted(whole) and not set(before) & set(after)
 
 
-def test_the_fewest_batches_hold_whichever_files_a_process_and_its_workers_get():
-    assert hf_stream.least_batches([5, 5, 5, 5], 2, 2, 2) == 4  # a file per worker: 2 whole batches each
-    assert hf_stream.least_batches([9, 1, 1, 1], 2, 1, 2) == 1  # a process may get the two smallest files
-    assert hf_stream.least_batches([8, 8, 8], 2, 1, 2) == 6  # 3 files, 2 processes: every other row, 12 each
-    assert hf_stream.least_batches([8], 1, 2, 2) == 4  # one file: the second worker streams nothing
+def test_streaming_under_an_order_that_reads_image_by_image_is_refused_in_one_line(tmp_path):
+    stores = open_hf(hub_parquet(tmp_path / "set", [30, 30], group_rows=10), tmp_path, streaming=True)
+    with pytest.raises(ConfigError) as refused:
+        check_order(stores, OmegaConf.load(CONF / "order/random.yaml"))
+    assert str(refused.value) == (
+        "format.streaming=true reads each training image with its whole Parquet row group (10 rows on average here), "
+        "and order=random reads one image at a time: pass order=blocks, which reads a run of consecutive records at "
+        "once (order.block: a multiple of the rows a read takes wastes none)")
+    check_order(stores, OmegaConf.load(CONF / "order/blocks.yaml"))
+    assert RandomOrder().reads(stores.train) is stores.train
+
+
+def test_names_labels_and_bytes_read_by_index(tmp_path):
+    root = tmp_path / "set"
+    (root / "data").mkdir(parents=True)
+    for split, part in hub_dataset().items():
+        for shard in range(2):
+            part.shard(2, shard, contiguous=True).to_parquet(
+                root / "data" / f"{split}-{shard:05d}-of-00002.parquet", batch_size=4)  # row groups of 4
+    from datasets import Image
+
+    stores = open_hf(root, tmp_path, streaming=True)
+    source = hub_dataset()["train"].cast_column("image", Image(decode=False))
+    assert stores.classes == CLASSES and stores.train.labels.tolist() == source["label"]
+    assert [stores.train.read(index)[0] for index in range(len(source))] == [row["bytes"] for row in source["image"]]
+    assert stores.train.payloads(3, 9) == [row["bytes"] for row in source["image"][3:9]]  # across files and groups
+    assert stores.train.name(7) == f"{root / 'data/train-00001-of-00002.parquet'}[1]"  # 6 rows a file
 
 
 def test_a_save_to_disk_folder_and_a_hub_name_are_refused_in_one_line(tmp_path):
@@ -99,22 +168,27 @@ def test_a_save_to_disk_folder_and_a_hub_name_are_refused_in_one_line(tmp_path):
         "someone/no-such-set", tmp_path, streaming=True)
 
 
-EXACT = ("format=hf", "format.streaming=true", "train.epochs=3", "train.batch_size=2", "cudnn=deterministic",
-         "loader.num_workers=2", "train.log_every=1")  # 11 steps an epoch: the pack's 24 images leave out 2
+EXACT = ("format=hf", "format.streaming=true", "order=blocks", "order.block=4", "order.window=2", "train.epochs=2",
+         "train.batch_size=2", "cudnn=deterministic", "loader.num_workers=2", "train.log_every=1")  # 12 steps an epoch
 
 
 @pytest.mark.full
-def test_a_run_stopped_mid_epoch_resumes_to_the_uninterrupted_runs_weights(tmp_path, cache_dir, tiny_root, packs,
-                                                                           train_cli):
-    """SIGTERM once a checkpoint is written: the resumed run reads the cut epoch's stream again, drops the batches
-    trained, and ends where the uninterrupted run did, bit for bit."""
+def test_a_run_stopped_mid_epoch_resumes_on_another_worker_count_to_the_uninterrupted_runs_weights(
+        tmp_path, cache_dir, tiny_root, packs, train_cli):
+    """SIGTERM once the first epoch's checkpoint is written, then a resume with one loader worker instead of two: the
+    cut epoch goes on in the order it began with, each epoch's coverage is checked, and the run ends where the
+    uninterrupted run did, bit for bit."""
     train_cli(tmp_path / "straight", *EXACT)
     run_dir = tmp_path / "interrupted"
     stopped_after_first_checkpoint(run_dir, EXACT, cache_dir, tiny_root)
     stopped = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)["progress"]
-    assert 0 < stopped["images_in_epoch"] < 22, f"the stop did not come mid-epoch: {stopped}"
-    train_cli(run_dir, *EXACT, "resume=auto")
+    assert stopped["epoch"] == 1 and 0 < stopped["images_in_epoch"] < 24, f"the stop did not come mid-epoch: {stopped}"
+    train_cli(run_dir, *EXACT, "resume=auto", "loader.num_workers=1")
     expected = torch.load(tmp_path / "straight/last.pt", map_location="cpu", weights_only=False)["model"]
     resumed = torch.load(run_dir / "last.pt", map_location="cpu", weights_only=False)["model"]
-    assert summary(run_dir).steps == summary(tmp_path / "straight").steps == 33
+    assert summary(run_dir).steps == summary(tmp_path / "straight").steps == 24
+    coverage = summary(run_dir).coverage
+    assert [entry["checked"] for entry in coverage] == [True, True]
+    assert coverage[1]["trained_before_resume"] == stopped["images_in_epoch"] and coverage[1]["workers"] == [1]
+    assert all(entry["trained"] + entry["left_out"] + entry["trained_before_resume"] == 24 for entry in coverage)
     assert all(torch.equal(expected[name], resumed[name]) for name in expected)

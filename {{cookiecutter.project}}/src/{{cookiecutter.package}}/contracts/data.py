@@ -33,6 +33,9 @@ class Store(ABC):
     A file is opened lazily in the process that reads it, at its first read: a handle opened in the parent
     and inherited through fork shares its file offset and library state between processes.
     """
+    # Where reading one record alone reads many more (a Parquet row group), what it reads, in words: such a store
+    # trains only under an order that reads runs of records at once, and the loader assembly refuses the others.
+    single_read: str | None = None
 
     def __init__(self, labels: np.ndarray):
         self.labels = labels

@@ -191,6 +191,7 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     stores = build(format).stores(source, build(staging, world=world))  # 2 and 3: a copy in RAM, the stores
     opened = time.perf_counter()
     visiting = build(order)  # 4: the epoch's order, and the runs its workers read
+    check_order(stores, order)
     stores = replace(stores, train=visiting.reads(stores.train))
     decoding = build(decoder)  # 6: decode and crop
     decoding.check_device(world.device)
@@ -244,6 +245,14 @@ def inject_reads(train: Images, faults: Faults) -> None:
     """Slow the training split's reads, or fail one, where `faults` asks."""
     if faults.worker_error_at > 0 or faults.read_delay_ms > 0:
         train.transform = FaultyReads(train.transform, faults.worker_error_at, faults.read_delay_ms / 1000)
+
+
+def check_order(stores: Stores, order: DictConfig) -> None:
+    """Refuse, in one line, an order that reads records one at a time from a store that cannot read one alone."""
+    if stores.train.single_read and not options.facts_of(order).in_runs:
+        raise ConfigError(f"{stores.train.single_read}, and order={options.name_of('order', order)} reads one image at "
+                          f"a time: pass order={options.only('order', 'in_runs')}, which reads a run of consecutive "
+                          "records at once (order.block: a multiple of the rows a read takes wastes none)")
 
 
 def usable_decoder(decoder: DictConfig) -> None:

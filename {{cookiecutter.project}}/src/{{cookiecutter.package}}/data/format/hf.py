@@ -198,10 +198,10 @@ class Hf(Format):
 
     def __init__(self, path: str | None, image_column: str = "image", label_column: str = "label",
                  train_split: str = "train", val_split: str = "validation", cache_dir: str | None = None,
-                 streaming: bool = False, shuffle_buffer: int = 1000):
+                 streaming: bool = False):
         self.path, self.image_column, self.label_column, self.cache_dir = path, image_column, label_column, cache_dir
         self.splits = {"train": train_split, "val": val_split}
-        self.streaming, self.shuffle_buffer = streaming, shuffle_buffer
+        self.streaming = streaming
 
     def stores(self, source, stage) -> Stores:
         """Both splits at format.path, the training split streamed where format.streaming says so; `stage` is never
@@ -218,19 +218,18 @@ class Hf(Format):
             check_folder(folder, WRITES)
             meta = read_meta(folder, "hf") if (folder / META).exists() else None  # pack's: it names each split's folder
             splits = {split: self.in_folder(folder, meta, split) for split in indexed}
-        stores, names, train_loader = {}, {}, None
+        stores, names = {}, {}
         where = {split: f"{self.path} (format.{KEYS[split]}={self.splits[split]})" for split in SPLITS}
         for split, (dataset, sources) in splits.items():
             labels, names[split] = checked(dataset, self.image_column, self.label_column, where[split], KEYS[split])
             stores[split] = HfImages(arrow := in_place(dataset), sources or arrow, self.image_column, labels)
         if self.streaming:
             from .hf_stream import streamed_train
-            stores["train"], names["train"], train_loader = streamed_train(
-                self.parquet_files(folder, meta, "train"), self.image_column, self.label_column, where["train"],
-                self.shuffle_buffer)
+            stores["train"], names["train"] = streamed_train(
+                self.parquet_files(folder, meta, "train"), self.image_column, self.label_column, where["train"])
         classes = meta["classes"] if meta else names["train"] or [str(label) for label in range(
             1 + max((int(store.labels.max()) for store in stores.values() if len(store)), default=0))]
-        return Stores(stores["train"], stores["val"], classes, train_loader)
+        return Stores(stores["train"], stores["val"], classes)
 
     def in_cache(self, cached, split: str):
         if self.splits[split] not in cached:

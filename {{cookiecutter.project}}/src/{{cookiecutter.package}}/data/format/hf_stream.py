@@ -1,49 +1,90 @@
-"""`format=hf` with `format.streaming=true`: the training split's Parquet files read as a `datasets`
-IterableDataset, never converted into Arrow. Pick it for a data set too large to convert once.
+"""`format=hf` with `format.streaming=true`: the training split read from its Parquet files where they are, never
+converted into Arrow. Pick it for a data set too large to convert once.
 
-datasets splits the stream by process (`split_dataset_by_node`) and by loader worker (over shards: a shard is a
-Parquet file), and shuffles it in a seeded buffer drawn again each epoch (`set_epoch`). Every process trains the
-same number of whole batches an epoch, the fewest any process is sure to get from the files' row counts, or
-distributed training would hang on the process with one batch more. A run resumed mid-epoch reads the epoch's
-stream again from its start and drops the batches already trained, most of them without decoding them.
-Validation stays read by index, from Arrow, as without streaming.
+Parquet is read a row group at a time, so the split trains under `order=blocks`: each loader worker reads a run of
+consecutive rows in one go (the row groups it spans, each once) and shuffles a window of runs in memory. Every
+other part is the sampler's, as for any format: every image once an epoch (checked at its end), the same share
+of whole batches for every process whatever the files' sizes, and a resume that leaves out exactly what was
+trained, on any number of workers. Validation stays read by index, from Arrow, as without streaming.
 """
-import logging
-from itertools import count, islice
+from collections import OrderedDict
+from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, IterableDataset
 
 from ...contracts import Store
-from ...core.distributed import World
 from .hf import Rows, checked, class_numbers, read_path, unreadable
 
-log = logging.getLogger(__name__)
+OPEN_FILES = 32  # Parquet files each reading process keeps open: a split may have thousands
 
-ROWS_READ = 64  # rows a worker reads from its Parquet file at once: their images are held until streamed
+
+@dataclass
+class RowGroups:
+    """Where each Parquet row group of a split lies: its first row in the split, its file and its number there."""
+    starts: np.ndarray
+    files: np.ndarray
+    numbers: np.ndarray
+
+    @classmethod
+    def of(cls, groups_by_file: list[list[int]]) -> "RowGroups":
+        """From each file's row groups' row counts, the files in the split's order."""
+        sizes = [rows for groups in groups_by_file for rows in groups]
+        return cls(np.cumsum([0, *sizes])[:-1], np.repeat(np.arange(len(groups_by_file)), list(map(len, groups_by_file))),
+                   np.concatenate([np.arange(len(groups)) for groups in groups_by_file] or [np.zeros(0, np.int64)]))
+
+    def spanned(self, start: int, stop: int) -> range:
+        """The row groups that hold rows start..stop-1."""
+        first, last = np.searchsorted(self.starts, [start, stop - 1], side="right") - 1
+        return range(int(first), int(last) + 1)
+
+    def mean_rows(self, size: int) -> float:
+        return size / max(1, len(self.starts))
 
 
 class ParquetRows(Store):
-    """The training split in its Parquet files: the record being streamed, and by index the neighbour that replaces an
-    unreadable image (rare: one row group read for it)."""
-    streaming = None  # (index, payload) of the record this worker streams now
+    """The training split in its Parquet files; `payloads` reads the row groups a run of rows spans, each once, and
+    keeps none: a run-reading order (order.BlockReads) holds the run's images while its batches are cut."""
 
-    def __init__(self, rows: Rows, image_column: str, labels: np.ndarray):
+    def __init__(self, rows: Rows, groups: RowGroups, image_column: str, labels: np.ndarray):
         super().__init__(labels)
-        self.rows, self.image_column = rows, image_column
+        self.rows, self.groups, self.image_column = rows, groups, image_column
+        mean = groups.mean_rows(len(labels))
+        self.single_read = (f"format.streaming=true reads each training image with its whole Parquet row group ({mean:.0f} "
+                            "rows on average here)")
+
+    def open(self) -> None:
+        self._files: OrderedDict[int, object] = OrderedDict()  # file number -> ParquetFile, the oldest first
+
+    def close(self) -> None:
+        self._files = OrderedDict()
+
+    def parquet(self, file: int):
+        import pyarrow.parquet as pq
+        if file in self._files:
+            self._files.move_to_end(file)
+        else:
+            if len(self._files) >= OPEN_FILES:
+                self._files.popitem(last=False)
+            self._files[file] = pq.ParquetFile(self.rows.paths[file])
+        return self._files[file]
+
+    def read_group(self, group: int) -> list:
+        """The image cells of one row group, as Python values (datasets' Image struct, bytes or a path)."""
+        parquet = self.parquet(int(self.groups.files[group]))
+        return parquet.read_row_group(int(self.groups.numbers[group]), columns=[self.image_column]).column(0).to_pylist()
+
+    def payloads(self, start: int, stop: int) -> list[bytes]:
+        self.ensure_open()
+        cells = []
+        for group in self.groups.spanned(start, stop):
+            first = int(self.groups.starts[group])
+            cells += self.read_group(group)[max(start, first) - first:stop - first]
+        return [read_path(*image_of(cell)) for cell in cells]
 
     def payload(self, index: int) -> bytes:
-        if self.streaming is not None and self.streaming[0] == index:
-            return self.streaming[1]
-        import pyarrow.parquet as pq
-        file = self.rows.file(index)
-        parquet, row = pq.ParquetFile(self.rows.paths[file]), int(index - self.rows.starts[file])
-        ends = np.cumsum([parquet.metadata.row_group(group).num_rows for group in range(parquet.num_row_groups)])
-        group = int(np.searchsorted(ends, row, side="right"))
-        cells = parquet.read_row_group(group, columns=[self.image_column]).column(0)
-        return read_path(*image_of(cells[row - (int(ends[group - 1]) if group else 0)].as_py()))
+        return self.payloads(index, index + 1)[0]
 
     def name(self, index: int) -> str:
         file = self.rows.file(index)
@@ -58,127 +99,6 @@ def image_of(value) -> tuple[bytes | None, str | None]:
     if isinstance(value, dict):
         return value.get("bytes"), value.get("path")
     return (value, None) if isinstance(value, bytes) else (None, value)
-
-
-def records(paths: list[str], starts: list[int], image_column: str):
-    """Each row of the Parquet files `paths` as (index in the split, image bytes): datasets hands each worker some
-    of the files, with their first rows' indices beside them."""
-    import pyarrow.parquet as pq
-    for path, index in zip(paths, starts):
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=ROWS_READ, columns=[image_column]):
-            for value in batch.column(0).to_pylist():
-                yield {"index": index, "image": read_path(*image_of(value))}
-                index += 1
-
-
-def least_batches(counts: list[int], world_size: int, workers: int, batch_size: int) -> int:
-    """The whole batches every process yields an epoch at least, whichever files the epoch's shuffle hands it.
-
-    With as many files as processes, or a multiple, datasets gives each process files, and each of its workers
-    every `workers`-th of them; otherwise each process takes every `world_size`-th row of each worker's files.
-    A worker's last partial batch is dropped, so the bound sums whole batches worker by worker, each worker given
-    the smallest files there are."""
-    smallest, by_files = sorted(counts), len(counts) % world_size == 0
-    files = len(counts) // world_size if by_files else len(counts)
-    least = 0
-    for worker in range(max(1, workers)):
-        rows = sum(smallest[:len(range(worker, files, max(1, workers)))])
-        least += (rows if by_files else rows // world_size) // batch_size
-    return least
-
-
-class Decoded(IterableDataset):
-    """One worker's share of the stream, batched: each record through `images` (data.Images), which seeds its crop
-    by (epoch, index) and skips an unreadable image; a batch surely among those a resume drops is left empty."""
-
-    def __init__(self, stream, store: ParquetRows, images, batch_size: int, epoch: int, dropped: int):
-        self.stream, self.store, self.images = stream, store, images
-        self.batch_size, self.epoch, self.dropped = batch_size, epoch, dropped
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        stream = iter(self.stream)
-        for number in count():
-            batch = list(islice(stream, self.batch_size))
-            if len(batch) < self.batch_size:
-                return  # the drop_last of every training loader
-            # This worker's batch `number` is at most the loader's batch number * workers + worker: a worker that
-            # runs out early only moves the others' batches forward.
-            yield [] if number * workers + worker < self.dropped else [self.decoded(record) for record in batch]
-
-    def decoded(self, record: dict):
-        self.store.streaming = (record["index"], record["image"])
-        return self.images[(record["index"], self.epoch)]
-
-
-class Collated:
-    """The training collate, on the batches Decoded groups; a dropped batch stays None."""
-
-    def __init__(self, collate):
-        self.collate = collate
-
-    def __call__(self, samples: list):
-        return self.collate(samples) if samples else None
-
-
-class StreamedHf:
-    """The training loader of a streamed data set, a `ResumableLoader` (contracts/): a DataLoader over `Decoded`,
-    started each epoch, taken for `batches` batches. Its workers end with the epoch, since they stop mid-stream."""
-
-    def __init__(self, stream, store: ParquetRows, images, world: World, batches: int, batch_size: int, **settings):
-        self.stream, self.store, self.images, self.world = stream, store, images, world
-        self.batches, self.batch_size, self.settings = batches, batch_size, settings
-        self.epoch, self.dropped = 0, 0
-
-    def set_epoch(self, epoch: int, skip_images: int = 0) -> None:
-        self.epoch, self.dropped = epoch, skip_images // (self.world.size * self.batch_size)
-        self.stream.set_epoch(epoch)  # before the workers start: each takes a copy
-
-    def __len__(self) -> int:
-        return self.batches - self.dropped
-
-    def __iter__(self):
-        decoded = Decoded(self.stream, self.store, self.images, self.batch_size, self.epoch, self.dropped)
-        batches = iter(DataLoader(decoded, batch_size=None, **self.settings))
-        try:
-            yield from islice(batches, self.dropped, self.batches)
-        finally:
-            # The workers stop mid-stream at the epoch's last batch: end them now, not when the iterator is collected.
-            getattr(batches, "_shutdown_workers", lambda: None)()
-
-    def state(self, epoch: int, images_done: int) -> dict:
-        return {}  # the epoch and its images done are all a resume needs: it reads the stream again
-
-    def load_state(self, state: dict) -> None:
-        """Nothing to take back: set_epoch drops the batches trained."""
-
-    def coverage(self) -> None:
-        """datasets hands the workers their records itself: this loader cannot tell which a batch holds."""
-        return None
-
-
-def stream_loader(rows: Rows, counts: list[int], store: ParquetRows, image_column: str, shuffle_buffer: int):
-    """The training split's loader factory (contracts.Stores.train_loader) for the Parquet files of `rows`."""
-    from datasets import Features, IterableDataset as Stream, Value
-    from datasets.distributed import split_dataset_by_node
-
-    def train_loader(images, *, world: World, batch_size, seed, collate, worker_init_fn, num_workers, prefetch_factor,
-                     pin_memory, persistent_workers):
-        stream = Stream.from_generator(records, features=Features({"index": Value("int64"), "image": Value("binary")}),
-                                       gen_kwargs={"paths": rows.paths.tolist(), "starts": rows.starts.tolist(),
-                                                   "image_column": image_column})
-        stream = split_dataset_by_node(stream.shuffle(seed=seed, buffer_size=shuffle_buffer), world.rank, world.size)
-        batches = least_batches(counts, world.size, num_workers, batch_size)
-        left_out = sum(counts) - batches * batch_size * world.size
-        log.info("format.streaming: %d batches an epoch in each of %d processes, the fewest any is sure of; an epoch "
-                 "leaves out %d of the %d training images", batches, world.size, left_out, sum(counts))
-        del persistent_workers  # workers end with each epoch, stopped mid-stream at its last batch
-        return StreamedHf(stream, store, images, world, batches, batch_size, collate_fn=Collated(collate),
-                          num_workers=num_workers, worker_init_fn=worker_init_fn, pin_memory=pin_memory,
-                          prefetch_factor=prefetch_factor if num_workers else None)
-
-    return train_loader
 
 
 def refused_if_damaged(file: Path, read):
@@ -198,20 +118,26 @@ def first_row(file: Path):
     return pa.Table.from_batches(list(islice(parquet.iter_batches(batch_size=1), 1)), parquet.schema_arrow)
 
 
-def streamed_train(files: list[Path], image_column: str, label_column: str, where: str, shuffle_buffer: int) -> tuple:
-    """The training split's store, class names and loader factory, from the Parquet files' footers, first row and
-    label column: no image is read."""
+def group_rows(file: Path) -> list[int]:
+    """The row counts of the file's row groups, from its footer."""
+    import pyarrow.parquet as pq
+    metadata = pq.read_metadata(file)
+    return [metadata.row_group(group).num_rows for group in range(metadata.num_row_groups)]
+
+
+def streamed_train(files: list[Path], image_column: str, label_column: str, where: str) -> tuple[ParquetRows, list]:
+    """The training split's store and class names, from the Parquet files' footers, first row and label column: no
+    image is read."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from datasets import Dataset
     from datasets.table import InMemoryTable
     sample = Dataset(InMemoryTable(refused_if_damaged(files[0], first_row)))
     _, names = checked(sample, image_column, label_column, where, "train_split")  # the columns, and what they hold
-    counts = [refused_if_damaged(file, lambda file: pq.read_metadata(file).num_rows) for file in files]
+    groups = [refused_if_damaged(file, group_rows) for file in files]
     values = pa.chunked_array([chunk for file in files for chunk in refused_if_damaged(
         file, lambda file: pq.read_table(file, columns=[label_column]).column(0)).chunks],
         type=sample.data.column(label_column).type)
-    rows = Rows.of(list(map(str, files)), counts)
-    store = ParquetRows(rows, image_column, class_numbers(values, sample.features[label_column], label_column, where,
-                                                           "train_split"))
-    return store, names, stream_loader(rows, counts, store, image_column, shuffle_buffer)
+    store = ParquetRows(Rows.of(list(map(str, files)), list(map(sum, groups))), RowGroups.of(groups), image_column,
+                        class_numbers(values, sample.features[label_column], label_column, where, "train_split"))
+    return store, names
