@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from {{ cookiecutter.package }} import contracts
 from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import ALONE, World
 from {{ cookiecutter.package }}.core.failures import end_workers, explain
@@ -236,6 +237,7 @@ def test_augmentation_depends_on_the_image_and_epoch_not_on_the_worker_or_the_or
 
 class Store:
     """A store whose images are good or bad as asked, counting its reads."""
+    when_changed = contracts.Store.when_changed
 
     def __init__(self, bad: set[int], size: int = 40):
         self.bad, self.labels, self.reads = bad, list(range(size)), 0
@@ -312,13 +314,12 @@ def test_a_storage_failure_in_a_loader_worker_is_one_line_naming_the_image_and_t
     end_workers()
     line = explain(raised.value)
     assert re.fullmatch(r"could not read image \d+: Input/output error \(EIO\): the storage failed, not the image: "
-                        r"check the disk or the mount it is on \(in loader worker [01]\)", line), line
+                        r"check the disk, the mount or the server it is on \(in loader worker [01]\)", line), line
 
 
-CHANGED = {errno.ENOENT: "the data set changed since it was listed (a kept index may be stale): put the file back, "
-                         "or list the tree again with format.reindex=true",
-           errno.ENOTDIR: "the data set changed since it was listed",
-           errno.EISDIR: "the data set changed since it was listed",
+CHANGED = {errno.ENOENT: f"the data set changed since it was opened: {contracts.Store.when_changed}",
+           errno.ENOTDIR: "the data set changed since it was opened",
+           errno.EISDIR: "the data set changed since it was opened",
            errno.EACCES: "this user may not read it: give it read permission (chmod a+r), or run as a user who may",
            errno.EPERM: "this user may not read it"}
 
@@ -345,8 +346,9 @@ def test_a_file_removed_while_workers_read_the_tree_is_one_line_naming_it(tmp_pa
         list(loader(Images(files, lambda data: torch.zeros(1), "skip"), 4, False, num_workers=1))
     end_workers()
     line = explain(raised.value)
-    assert line.startswith(f"could not read {split / 'cat' / '2.JPEG'}: No such file or directory (ENOENT): the data "
-                           "set changed since it was listed") and line.endswith("(in loader worker 0)"), line
+    assert line == (f"could not read {split / 'cat' / '2.JPEG'}: No such file or directory (ENOENT): the data set "
+                    "changed since it was opened: put the file back, or list the tree again with format.reindex=true "
+                    "(a kept index may be stale) (in loader worker 0)"), line
 
 
 def test_the_same_few_bad_images_read_again_and_again_are_judged_once():

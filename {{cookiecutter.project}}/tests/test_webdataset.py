@@ -17,8 +17,8 @@ from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import webdataset as shards
-from {{ cookiecutter.package }}.data.format.locations import Http
-from {{ cookiecutter.package }}.data.images import make_splits
+from {{ cookiecutter.package }}.data.format.locations import S3, Http
+from {{ cookiecutter.package }}.data.images import FileChanged, make_splits, unread
 from {{ cookiecutter.package }}.data.loaders import check_fit, make_loader
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack
@@ -266,6 +266,22 @@ def test_a_refused_stream_closes_its_connection(tmp_path, monkeypatch):
         with pytest.raises(OSError, match=re.escape(f"{url}/missing.tar answered HTTP 404")):
             location.stream("missing.tar")
     assert opened[0].sock is not None and opened[1].sock is None  # the stream read keeps its own; the refused ends
+
+
+def test_an_s3_object_gone_mid_run_is_one_line_naming_it():
+    moto = pytest.importorskip("moto", reason="pip install moto")
+    with moto.mock_aws():
+        import boto3
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="images")
+        boto3.client("s3", region_name="us-east-1").put_object(Bucket="images", Key="data/there.tar", Body=b"shard")
+        bucket = S3("s3://images/data", None)
+        assert bucket.read("there.tar", 1, 3) == b"har"
+        with pytest.raises(FileNotFoundError) as raised:
+            bucket.read("gone.tar", 0, 3)
+    failure = unread("s3://images/data/gone.tar[0]", raised.value, shards.Shards.when_changed)
+    assert isinstance(failure, FileChanged) and str(failure) == (
+        "could not read s3://images/data/gone.tar[0]: no such object (ENOENT): the data set changed since it was "
+        "opened: put the shard back, or write the shards again: the next start indexes them anew")
 
 
 @pytest.mark.parametrize("path", ["http://127.0.0.1:9/data", "s3://images/data"])

@@ -36,6 +36,8 @@ class Store(ABC):
     # Where reading one record alone reads many more (a Parquet row group), what it reads, in words: such a store
     # trains only under an order that reads runs of records at once, and the loader assembly refuses the others.
     single_read: str | None = None
+    # What to do where a file this store read from is gone mid-run: the line that stops the run says it.
+    when_changed = "put the file back, or write the data set again"
 
     def __init__(self, labels: np.ndarray):
         self.labels = labels

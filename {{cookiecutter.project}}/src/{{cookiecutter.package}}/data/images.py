@@ -45,15 +45,16 @@ GONE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR})
 FORBIDDEN = frozenset({errno.EACCES, errno.EPERM})
 
 
-def unread(name: str, err: OSError) -> ClearError | None:
+def unread(name: str, err: OSError, when_changed: str = Store.when_changed) -> ClearError | None:
     """The line a failed read of the data set's file `name` ends the run with, naming the file and what to do, where
-    the storage failed or the file changed; None for another error, which keeps its traceback."""
+    the storage failed or the file changed (`when_changed`: what the store says brings it back); None for another
+    error, which keeps its traceback."""
     why = f"could not read {name}: {err.strerror} ({errno_name(err)})"
     if err.errno in STORAGE_FAILED:
-        return StorageFailed(f"{why}: the storage failed, not the image: check the disk or the mount it is on")
+        return StorageFailed(f"{why}: the storage failed, not the image: check the disk, the mount or the server it "
+                             "is on")
     if err.errno in GONE:
-        return FileChanged(f"{why}: the data set changed since it was listed (a kept index may be stale): put the "
-                           "file back, or list the tree again with format.reindex=true")
+        return FileChanged(f"{why}: the data set changed since it was opened: {when_changed}")
     if err.errno in FORBIDDEN:
         return FileChanged(f"{why}: this user may not read it: give it read permission (chmod a+r), or run as a user "
                            "who may")
@@ -170,7 +171,7 @@ class Images(Dataset):
             except Unreadable as err:
                 self._skip(position, err)
             except OSError as err:
-                if (failure := unread(self.store.name(position), err)) is None:
+                if (failure := unread(self.store.name(position), err, self.store.when_changed)) is None:
                     raise
                 raise failure from err
         raise WrongDataSet(f"{REPLACEMENTS} images in a row from {self.store.name(index)} on are unreadable: is "

@@ -122,6 +122,7 @@ class BlockReads(Store):
     def __init__(self, store: Store, block: int, window: int):
         super().__init__(store.labels)
         self.store, self.block, self.window = store, block, window
+        self.when_changed = store.when_changed
 
     def open(self) -> None:
         self.store.ensure_open()

@@ -19,6 +19,7 @@ SPLITS = ("train", "val")
 
 class Packed(Store):
     """A split of a packed file; `name` is the file and the index within it."""
+    when_changed = "put the file back, or pack the data set again"
 
     def __init__(self, path: Path, labels: np.ndarray):
         super().__init__(labels)

@@ -64,6 +64,8 @@ class FileIndex:
 
 
 class ImageFiles(Store):
+    when_changed = "put the file back, or list the tree again with format.reindex=true (a kept index may be stale)"
+
     def __init__(self, paths: FileIndex):
         super().__init__(paths.labels)
         self.paths = paths

@@ -5,6 +5,7 @@ A range is one request, which is what lets a format read one record out of a lar
 records end to end in one go. Each process opens its own client at its first read (a connection must not cross a
 fork); HTTP keeps its connection open between reads, as S3's client keeps its pool.
 """
+import errno
 import http.client
 import os
 from pathlib import Path
@@ -67,17 +68,20 @@ class S3:
         return f"{self.url}/{name}" if name else self.url
 
     def call(self, method: str, name: str, **kwargs) -> dict | None:
-        """The client's `method` on the object `name`; None where there is no such object. Any other failure
-        (no bucket, no access, no endpoint) is an OSError naming the object."""
+        """The client's `method` on the object `name`; None where there is no such object. Any other failure (no
+        bucket, no access, no endpoint) is an OSError naming the object, whose errno says what a read that meets it
+        mid-run means (core.files.STORAGE_FAILED: the store, not the image)."""
         from botocore.exceptions import BotoCoreError, ClientError
         try:
             return getattr(self.client(), method)(Bucket=self.bucket, Key=f"{self.prefix}/{name}", **kwargs)
         except ClientError as err:
-            if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            code = err.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
                 return None
-            raise OSError(f"{self.where(name)}: {err}") from None
+            raise OSError(errno.EACCES if code in ("AccessDenied", "403") else errno.EIO, str(err),
+                          self.where(name)) from None
         except BotoCoreError as err:
-            raise OSError(f"{self.where(name)}: {err}") from None
+            raise ConnectionAbortedError(errno.ECONNABORTED, str(err), self.where(name)) from None
 
     def stat(self, name: str) -> tuple[int, str] | None:
         head = self.call("head_object", name)
@@ -87,11 +91,19 @@ class S3:
         found = self.call("get_object", name)
         return None if found is None else found["Body"].read().decode()
 
+    def found(self, method: str, name: str, **kwargs) -> dict:
+        """The client's `method` on an object that must be there: a missing one is FileNotFoundError, which a read
+        mid-run turns into the line that says the data set changed."""
+        answer = self.call(method, name, **kwargs)
+        if answer is None:
+            raise FileNotFoundError(errno.ENOENT, "no such object", self.where(name))
+        return answer
+
     def read(self, name: str, offset: int, size: int) -> bytes:
-        return self.call("get_object", name, Range=f"bytes={offset}-{offset + size - 1}")["Body"].read()
+        return self.found("get_object", name, Range=f"bytes={offset}-{offset + size - 1}")["Body"].read()
 
     def stream(self, name: str):
-        return self.call("get_object", name)["Body"]
+        return self.found("get_object", name)["Body"]
 
 
 class Http:

@@ -141,6 +141,7 @@ def check_lengths(where, info: dict | None, split: str, names: list[str], index:
 
 class Shards(Store):
     """One split's shards, each sample read at its offset in its shard."""
+    when_changed = "put the shard back, or write the shards again: the next start indexes them anew"
 
     def __init__(self, where, names: list[str], index: np.ndarray):
         super().__init__(index[:, 3].copy())
