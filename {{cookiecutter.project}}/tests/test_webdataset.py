@@ -2,6 +2,7 @@
 line. The round trip, the refusals every packed format shares and the tiny training runs are test_format.py's and
 test_zoo.py's, which glob conf/format/."""
 import json
+import os
 import re
 import shutil
 import tarfile
@@ -14,6 +15,7 @@ import torch
 
 from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.core.errors import ConfigError
+from {{ cookiecutter.package }}.core.files import WriteError
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import webdataset as shards
@@ -86,10 +88,10 @@ def test_the_index_is_kept_so_a_second_start_reads_no_shard(tmp_path, monkeypatc
 def test_a_folder_that_cannot_keep_the_index_is_indexed_in_memory(tmp_path, monkeypatch):
     root, labels = timm_folder(tmp_path / "in1k")
 
-    def read_only(self, target):
-        raise PermissionError(13, "Permission denied", str(self))
+    def read_only(path, write):
+        raise WriteError(f"could not write {path}: Read-only file system (EROFS)")
 
-    monkeypatch.setattr(Path, "replace", read_only)
+    monkeypatch.setattr(shards, "write_atomic", read_only)
     assert open_shards(root).train.labels.tolist() == labels["train"]
     assert sorted(path.name for path in root.iterdir() if not path.name.endswith(".tar")) == [shards.INFO]
 
@@ -266,6 +268,32 @@ def test_a_refused_stream_closes_its_connection(tmp_path, monkeypatch):
         with pytest.raises(OSError, match=re.escape(f"{url}/missing.tar answered HTTP 404")):
             location.stream("missing.tar")
     assert opened[0].sock is not None and opened[1].sock is None  # the stream read keeps its own; the refused ends
+
+
+def test_a_shard_rewritten_at_the_same_size_and_mtime_is_indexed_again(tmp_path):
+    """tar pads a shard to whole 10,240-byte records, so a shard relabelled keeps its size, and cp -p, rsync -t or tar
+    put its mtime back: only its ctime tells."""
+    root, labels = timm_folder(tmp_path / "in1k")
+    assert open_shards(root).train.labels.tolist() == labels["train"]
+    shard = root / "imagenet1k-train-00.tar"
+    before = shard.stat()
+    write_shard(tmp_path / "relabelled.tar", [{"__key__": f"n{label:08d}_00{i}", "jpg": encoded(photo(40, 30, seed=i)),
+                                                "cls": label} for i, label in enumerate([4, 1, 8])])
+    shutil.copyfile(tmp_path / "relabelled.tar", shard)
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (shard.stat().st_size, shard.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert open_shards(root).train.labels.tolist() == [4, 1, 8, 1, 3]
+    assert len(list(root.glob("_index-*.npz"))) == 2, "the stale index of the training split is gone"
+
+
+def test_a_server_that_gives_no_version_keeps_no_index_and_says_so(tmp_path, caplog):
+    root, labels = timm_folder(tmp_path / "in1k")
+    with serving(root, validators=False) as (url, requests):
+        with caplog.at_level("WARNING"):
+            assert open_remote(url, tmp_path / "cache").train.labels.tolist() == labels["train"]
+    assert not list((tmp_path / "cache").rglob("*.npz"))
+    assert f"{url}/imagenet1k-train-00.tar and 1 more shards: no ETag or Last-Modified, so a kept index could not " \
+           "tell a rewritten shard; none is kept, and each process indexes the shards at each start" in caplog.text
 
 
 def test_an_s3_object_gone_mid_run_is_one_line_naming_it():

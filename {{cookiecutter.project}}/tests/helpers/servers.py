@@ -16,8 +16,9 @@ class Requests(list):
 
 
 @contextlib.contextmanager
-def serving(folder: Path) -> Iterator[tuple[str, Requests]]:
-    """The files under `folder` at http://127.0.0.1:PORT/data/, and the requests the server answers."""
+def serving(folder: Path, validators: bool = True) -> Iterator[tuple[str, Requests]]:
+    """The files under `folder` at http://127.0.0.1:PORT/data/, and the requests the server answers. `validators`:
+    whether it gives each file an ETag."""
     requests = Requests()
 
     class Files(BaseHTTPRequestHandler):
@@ -42,7 +43,8 @@ def serving(folder: Path) -> Iterator[tuple[str, Requests]]:
             path = self.file()
             if path is None:
                 return self.send(404, b"", 0, {})
-            self.send(200, b"", path.stat().st_size, {"ETag": f'"{path.stat().st_mtime_ns}"'})
+            stamp = path.stat()
+            self.send(200, b"", stamp.st_size, {"ETag": f'"{stamp.st_mtime_ns}-{stamp.st_ino}"'} if validators else {})
 
         def do_GET(self):
             ranged = self.headers.get("Range")

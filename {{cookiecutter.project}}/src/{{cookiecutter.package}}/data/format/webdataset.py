@@ -4,10 +4,12 @@ every other format.
 
 The shards are in a local folder, at an S3 prefix or at an HTTP(S) address (data/format/locations.py). A split's
 shards are indexed once: every sample's shard, the offset and size of its image, and its label from its `.cls`.
-The index is kept in `_index-<digest>.npz` (the digest names each shard, its size and its version), beside local
-shards and in format.cache_dir for remote ones, so a later start reads no shard; where neither can be written,
-each start indexes again in memory. Remote shards are read by byte range: one request per image, or one per
-shard a run of records spans under order=blocks, which reads a block of consecutive samples at once.
+The index is kept in `_index-<names>-<versions>.npz` (digests of the shards' names, and of each one's size and
+version: for a local shard its mtime, ctime and inode, for a remote one its ETag or Last-Modified), beside local
+shards and in format.cache_dir for remote ones, so a later start reads no shard; where neither can be written, or a
+server gives no version, each start indexes again in memory. Remote shards are read by byte range: one request per
+image, or one per shard a run of records spans under order=blocks, which reads a block of consecutive samples at
+once.
 
 The layout is timm's: the shards and `_info.json` (splits -> name, num_samples, shard_lengths, filenames) in one
 folder. pack writes the same, its shards in `train/` and `val/`, and pack.json with the class names. wids,
@@ -17,7 +19,6 @@ standard library's tarfile, which is what this one keeps.
 import hashlib
 import json
 import logging
-import os
 import tarfile
 import zipfile
 from contextlib import closing
@@ -27,6 +28,7 @@ import numpy as np
 
 from ...contracts import Format, Store, Stores
 from ...core.errors import ConfigError
+from ...core.files import WriteError, write_atomic
 from . import META, SPLITS, check_folder, s3
 from .locations import Local, location
 
@@ -100,30 +102,51 @@ def index_shard(where, name: str, size: int) -> np.ndarray:
 
 def split_index(where, stats: dict[str, tuple[int, str]], kept_in: Path) -> np.ndarray:
     """The index of the shards `stats` names at `where`: the one kept in the folder `kept_in`, or made now and kept
-    there where it can be. The index kept is named by each shard's name, size and version: a shard rewritten since
-    is indexed again."""
-    digest = hashlib.sha1("".join(f"{name}\0{size}\0{version}\n" for name, (size, version) in stats.items()).encode())
-    kept = kept_in / f"_index-{digest.hexdigest()[:12]}.npz"
+    there where it can be. An index is kept under its shards' names and stamped with each one's size and version,
+    so that a shard rewritten since is indexed again and the index it replaces removed. Where a server gives a shard
+    no version, no index is kept, since none could tell a rewritten shard."""
+    if unversioned := [name for name, (_, version) in stats.items() if not version]:
+        more = len(unversioned) - 1
+        log.warning("%s%s: no ETag or Last-Modified, so a kept index could not tell a rewritten shard; none is kept, and "
+                    "each process indexes the shards at each start", where.where(unversioned[0]),
+                    f" and {more} more shards" if more else "")
+        return index_shards(where, stats)
+    names = hashlib.sha1("".join(f"{name}\n" for name in stats).encode()).hexdigest()[:12]
+    versions = hashlib.sha1("".join(f"{name}\0{size}\0{version}\n" for name, (size, version) in stats.items()).encode())
+    kept = kept_in / f"_index-{names}-{versions.hexdigest()[:12]}.npz"
     try:
         with np.load(kept) as saved:
             return np.stack([saved[field] for field in FIELDS], axis=1)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # not made yet, or damaged: made again
         pass
+    index = index_shards(where, stats)
+    keep(index, kept)
+    return index
+
+
+def index_shards(where, stats: dict[str, tuple[int, str]]) -> np.ndarray:
     rows = []
     for shard, (name, (size, _)) in enumerate(stats.items()):
         rows.append(index_shard(where, name, size))
         rows[-1][:, 0] = shard
-    index = np.concatenate(rows) if rows else np.zeros((0, len(FIELDS)), np.int64)
-    partial = kept.with_name(f".{kept.name}.{os.getpid()}")  # another rank may be writing the same index
-    try:
-        kept_in.mkdir(parents=True, exist_ok=True)
-        with partial.open("wb") as file:
+    return np.concatenate(rows) if rows else np.zeros((0, len(FIELDS)), np.int64)
+
+
+def keep(index: np.ndarray, kept: Path) -> None:
+    """`index` in the file `kept`, written whole under another name first; the indexes of the same shards' older
+    versions removed."""
+    def write(temporary: Path) -> None:
+        with temporary.open("wb") as file:  # a file, since np.savez adds .npz to a name that lacks it
             np.savez(file, **{field: index[:, column] for column, field in enumerate(FIELDS)})
-        partial.replace(kept)  # a start that finds it finds it whole
-    except OSError as err:
-        partial.unlink(missing_ok=True)
-        log.info("the shard index is not kept in %s (%s): each start indexes the shards again", kept_in, err)
-    return index
+
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(kept, write)
+        for stale in kept.parent.glob(f"{kept.name.rsplit('-', 1)[0]}-*.npz"):
+            if stale != kept:
+                stale.unlink(missing_ok=True)
+    except (WriteError, OSError) as err:
+        log.info("the shard index is not kept in %s (%s): each start indexes the shards again", kept.parent, err)
 
 
 def check_lengths(where, info: dict | None, split: str, names: list[str], index: np.ndarray) -> None:
