@@ -20,7 +20,7 @@ from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import webdataset as shards
 from {{ cookiecutter.package }}.data.format.locations import S3, Http
-from {{ cookiecutter.package }}.data.images import FileChanged, make_splits, unread
+from {{ cookiecutter.package }}.data.images import FileChanged, Images, make_splits, unread
 from {{ cookiecutter.package }}.data.loaders import check_fit, make_loader
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack
@@ -257,17 +257,18 @@ def test_a_missing_truncated_or_unreachable_remote_shard_is_one_line_naming_it(t
     assert str(refused.value).startswith(f"format.path={url} cannot be read: ")
 
 
-def test_a_refused_stream_closes_its_connection(tmp_path, monkeypatch):
-    opened = []
-    connect = Http.connect
-    monkeypatch.setattr(Http, "connect", lambda self: opened.append(connect(self)) or opened[-1])
+def test_a_refused_stream_closes_its_connection(tmp_path):
     (tmp_path / "there.tar").write_bytes(b"shard")
     with serving(tmp_path) as (url, _):
         location = Http(url)
+        answered = []
+        request = location.session().request
+        location.session().request = lambda *args, **kwargs: answered.append(request(*args, **kwargs)) or answered[-1]
         assert location.stream("there.tar").read() == b"shard"
-        with pytest.raises(OSError, match=re.escape(f"{url}/missing.tar answered HTTP 404")):
+        with pytest.raises(FileNotFoundError, match=re.escape(f"answered HTTP 404: no such file: '{url}/missing.tar'")):
             location.stream("missing.tar")
-    assert opened[0].sock is not None and opened[1].sock is None  # the stream read keeps its own; the refused ends
+    assert [response.status_code for response in answered] == [200, 404]
+    assert answered[1].raw.closed  # refused: nothing will read this response, so its connection ends there
 
 
 def test_a_shard_rewritten_at_the_same_size_and_mtime_is_indexed_again(tmp_path):
@@ -286,6 +287,26 @@ def test_a_shard_rewritten_at_the_same_size_and_mtime_is_indexed_again(tmp_path)
     assert len(list(root.glob("_index-*.npz"))) == 2, "the stale index of the training split is gone"
 
 
+def test_hub_resolve_urls_redirect_to_their_cdn_and_the_token_goes_to_the_hub_alone(tmp_path, monkeypatch):
+    root, labels = timm_folder(tmp_path / "in1k")
+    local = open_shards(root)
+    monkeypatch.setenv("SHARDS_TOKEN", "s3cret")
+    with serving(root, token="s3cret") as (url, requests):
+        hub = url.replace("/data", "/hub")
+        remote = shards.Webdataset(hub, cache_dir=str(tmp_path / "cache"), token_env="SHARDS_TOKEN").stores(
+            None, no_staging)
+        assert remote.train.labels.tolist() == labels["train"] and remote.val.labels.tolist() == labels["validation"]
+        assert remote.train.payloads(1, 5) == [local.train.payload(index) for index in range(1, 5)]
+        assert {token for path, token in requests.tokens if path.startswith("/hub/")} == {"Bearer s3cret"}
+        assert {token for path, token in requests.tokens if path.startswith("/data/")} == {None}, "the CDN gets none"
+        monkeypatch.delenv("SHARDS_TOKEN")
+        with pytest.raises(ConfigError) as refused:
+            shards.Webdataset(hub, cache_dir=str(tmp_path / "cache"), token_env="SHARDS_TOKEN").stores(None, no_staging)
+    assert str(refused.value) == (f"format.path={hub} cannot be read: {hub}/pack.json: answered HTTP 401 Unauthorized "
+                                  "(is the token in $SHARDS_TOKEN set and allowed?); check the address, that its "
+                                  "server is up and the credentials")
+
+
 def test_a_server_that_gives_no_version_keeps_no_index_and_says_so(tmp_path, caplog):
     root, labels = timm_folder(tmp_path / "in1k")
     with serving(root, validators=False) as (url, requests):
@@ -294,6 +315,18 @@ def test_a_server_that_gives_no_version_keeps_no_index_and_says_so(tmp_path, cap
     assert not list((tmp_path / "cache").rglob("*.npz"))
     assert f"{url}/imagenet1k-train-00.tar and 1 more shards: no ETag or Last-Modified, so a kept index could not " \
            "tell a rewritten shard; none is kept, and each process indexes the shards at each start" in caplog.text
+
+
+def test_a_remote_shard_gone_mid_run_is_one_line_naming_it(tmp_path):
+    root, _ = timm_folder(tmp_path / "in1k")
+    with serving(root) as (url, _):
+        remote = open_remote(url, tmp_path / "cache")
+        (root / "imagenet1k-train-01.tar").unlink()
+        with pytest.raises(FileChanged) as raised:
+            Images(remote.train, len, "skip")[3]
+    assert str(raised.value) == (
+        f"could not read {url}/imagenet1k-train-01.tar[0]: answered HTTP 404: no such file (ENOENT): the data set "
+        "changed since it was opened: put the shard back, or write the shards again: the next start indexes them anew")
 
 
 def test_an_s3_object_gone_mid_run_is_one_line_naming_it():

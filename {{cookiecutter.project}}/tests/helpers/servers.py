@@ -1,5 +1,7 @@
 """Servers on 127.0.0.1 that the tests start: a static file server that answers HEAD and Range requests, as a CDN or
-an object store's HTTP endpoint does, and keeps a record of every request."""
+an object store's HTTP endpoint does, and keeps a record of every request. Under /hub/ it answers as the Hugging Face
+Hub's resolve URLs do: a redirect to the file on another host name (its CDN), and 401 to a request without the token
+where one is asked for."""
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -8,7 +10,12 @@ from pathlib import Path
 
 
 class Requests(list):
-    """(method, path, the Range header or None) of each request, in order."""
+    """(method, path, the Range header or None) of each request, in order; `tokens`, the Authorization header each
+    request sent (None: none), by path."""
+
+    def __init__(self):
+        super().__init__()
+        self.tokens: list[tuple[str, str | None]] = []
 
     def reads(self, name: str) -> list[str | None]:
         """The Range header of each GET of the file `name` (None: the whole file)."""
@@ -16,9 +23,10 @@ class Requests(list):
 
 
 @contextlib.contextmanager
-def serving(folder: Path, validators: bool = True) -> Iterator[tuple[str, Requests]]:
+def serving(folder: Path, validators: bool = True, token: str | None = None) -> Iterator[tuple[str, Requests]]:
     """The files under `folder` at http://127.0.0.1:PORT/data/, and the requests the server answers. `validators`:
-    whether it gives each file an ETag."""
+    whether it gives each file an ETag; `token`: the bearer token /hub/ asks for, if any. The same files are at
+    http://127.0.0.1:PORT/hub/, each a redirect to http://localhost:PORT/data/<file>."""
     requests = Requests()
 
     class Files(BaseHTTPRequestHandler):
@@ -31,6 +39,18 @@ def serving(folder: Path, validators: bool = True) -> Iterator[tuple[str, Reques
             path = folder / self.path.removeprefix("/data/")
             return path if self.path.startswith("/data/") and path.is_file() else None
 
+        def redirected(self) -> bool:
+            """Answered as the Hub does, where the path is under /hub/: 401 without the token, else a redirect."""
+            requests.tokens.append((self.path, self.headers.get("Authorization")))
+            if not self.path.startswith("/hub/"):
+                return False
+            if token and self.headers.get("Authorization") != f"Bearer {token}":
+                self.send(401, b"", 0, {})
+            else:
+                port = self.server.server_address[1]
+                self.send(302, b"", 0, {"Location": f"http://localhost:{port}/data/{self.path.removeprefix('/hub/')}"})
+            return True
+
         def send(self, status: int, body: bytes, length: int, headers: dict[str, str]) -> None:
             self.send_response(status)
             for key, value in {"Content-Length": str(length), **headers}.items():
@@ -40,6 +60,8 @@ def serving(folder: Path, validators: bool = True) -> Iterator[tuple[str, Reques
 
         def do_HEAD(self):
             requests.append(("HEAD", self.path, None))
+            if self.redirected():
+                return
             path = self.file()
             if path is None:
                 return self.send(404, b"", 0, {})
@@ -49,6 +71,8 @@ def serving(folder: Path, validators: bool = True) -> Iterator[tuple[str, Reques
         def do_GET(self):
             ranged = self.headers.get("Range")
             requests.append(("GET", self.path, ranged))
+            if self.redirected():
+                return
             path = self.file()
             if path is None:
                 return self.send(404, b"", 0, {})

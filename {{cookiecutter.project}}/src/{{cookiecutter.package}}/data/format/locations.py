@@ -3,13 +3,12 @@
 
 A range is one request, which is what lets a format read one record out of a large remote file, or a run of
 records end to end in one go. Each process opens its own client at its first read (a connection must not cross a
-fork); HTTP keeps its connection open between reads, as S3's client keeps its pool.
+fork), and keeps its connections open between reads. A failed request is an OSError naming the file, with the errno
+a read mid-run is judged by (data/images.py): gone, forbidden, or the storage failing.
 """
 import errno
-import http.client
 import os
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from . import s3
 
@@ -110,75 +109,93 @@ class S3:
 
 
 class Http:
-    """An HTTP(S) address whose server answers HEAD and Range requests, as a static file server, a CDN or the
-    Hugging Face Hub's file URLs do."""
+    """An HTTP(S) address whose server answers HEAD and Range requests, as a static file server, a CDN or the Hugging
+    Face Hub's file URLs (which redirect to their CDN) do. Redirects are followed; any answer but a 2xx is an error.
+    A bearer token from the environment variable `token_env`, where it is set, goes to format.path's host alone:
+    requests drops it on a redirect to another host, as the Hub's CDN wants. Each process opens its own session, and
+    a request a server answers 429 or 5xx to, or drops, is made again up to RETRIES times, waiting longer each time."""
     remote = True
+    RETRIES, BACKOFF = 3, 0.5  # the seconds waited before the second try; twice that before each one after
 
-    def __init__(self, url: str):
-        self.url = url.rstrip("/")
-        parts = urlsplit(self.url)
-        self.secure, self.host, self.path = parts.scheme == "https", parts.netloc, parts.path
-        self._connection, self._pid = None, None
+    def __init__(self, url: str, token_env: str | None = None):
+        self.url, self.token_env = url.rstrip("/"), token_env
+        self._session, self._pid = None, None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_connection": None, "_pid": None}
+        return {**self.__dict__, "_session": None, "_pid": None}
 
-    def connect(self) -> http.client.HTTPConnection:
-        kind = http.client.HTTPSConnection if self.secure else http.client.HTTPConnection
-        return kind(self.host, timeout=60)
+    def session(self):
+        if self._pid != os.getpid():
+            import requests
+            from requests.adapters import HTTPAdapter
+            from urllib3.util import Retry
+            session = requests.Session()
+            retry = Retry(total=self.RETRIES, backoff_factor=self.BACKOFF, status_forcelist=(429, 500, 502, 503, 504),
+                          allowed_methods=("HEAD", "GET"), raise_on_status=False)
+            for scheme in ("http://", "https://"):
+                session.mount(scheme, HTTPAdapter(max_retries=retry))
+            if token := os.environ.get(self.token_env or "", ""):
+                session.headers["Authorization"] = f"Bearer {token}"
+            self._session, self._pid = session, os.getpid()
+        return self._session
 
-    def request(self, method: str, name: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
-        """One request on this process's open connection; made once more on a new one where the server closed
-        the last between reads, as servers close idle connections."""
+    def request(self, method: str, name: str, **kwargs):
+        """The response to `method` on the file `name`, its redirects followed; None where there is no such file
+        (404, 410). Any other answer but a 2xx, and a server that cannot be reached, is an OSError naming the file
+        whose errno says what a read that meets it mid-run means (core.files.STORAGE_FAILED: the server, not the
+        image)."""
+        import requests
+        where = self.where(name)
         try:
-            return self.exchange(method, name, headers or {})
-        except (http.client.HTTPException, ConnectionError):
-            self._connection.close()
-            self._connection = None
-            return self.exchange(method, name, headers or {})
+            response = self.session().request(method, where, allow_redirects=True, timeout=60, **kwargs)
+        except requests.Timeout as err:
+            raise TimeoutError(errno.ETIMEDOUT, f"no answer in time ({type(err).__name__})", where) from None
+        except requests.RequestException as err:
+            raise ConnectionAbortedError(errno.ECONNABORTED, f"cannot be reached ({err})", where) from None
+        if response.status_code in (404, 410):
+            response.close()
+            return None
+        if not 200 <= response.status_code < 300:
+            response.close()
+            code = errno.EACCES if response.status_code in (401, 403) else errno.EIO
+            token = (f"is the token in ${self.token_env} set and allowed?" if self.token_env else
+                     "pass format.token_env=<the environment variable that holds its token>")
+            raise OSError(code, f"answered HTTP {response.status_code} {response.reason}"
+                                + (f" ({token})" if code == errno.EACCES else ""), where)
+        return response
 
-    def exchange(self, method: str, name: str, headers: dict) -> tuple[int, dict, bytes]:
-        if self._pid != os.getpid() or self._connection is None:
-            self._connection, self._pid = self.connect(), os.getpid()
-        self._connection.request(method, f"{self.path}/{name}", headers=headers)
-        response = self._connection.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
+    def found(self, method: str, name: str, **kwargs):
+        """The response to a request for a file that must be there: a missing one is FileNotFoundError."""
+        response = self.request(method, name, **kwargs)
+        if response is None:
+            raise FileNotFoundError(errno.ENOENT, "answered HTTP 404: no such file", self.where(name))
+        return response
 
     def where(self, name: str) -> str:
         return f"{self.url}/{name}" if name else self.url
 
-    def checked(self, status: int, name: str) -> None:
-        if status >= 400:
-            raise OSError(f"{self.where(name)} answered HTTP {status}")
-
     def stat(self, name: str) -> tuple[int, str] | None:
-        status, headers, _ = self.request("HEAD", name)
-        if status == 404:
+        """(bytes, ETag or Last-Modified, "" where the server gives neither), or None where there is no such file."""
+        response = self.request("HEAD", name)
+        if response is None:
             return None
-        self.checked(status, name)
-        headers = {key.lower(): value for key, value in headers.items()}
-        return int(headers["content-length"]), headers.get("etag") or headers.get("last-modified", "")
+        headers = response.headers
+        return int(headers.get("content-length", -1)), headers.get("etag") or headers.get("last-modified") or ""
 
     def text(self, name: str) -> str | None:
-        status, _, body = self.request("GET", name)
-        if status == 404:
-            return None
-        self.checked(status, name)
-        return body.decode()
+        response = self.request("GET", name)
+        return None if response is None else response.content.decode()
 
     def read(self, name: str, offset: int, size: int) -> bytes:
-        status, _, body = self.request("GET", name, {"Range": f"bytes={offset}-{offset + size - 1}"})
-        self.checked(status, name)
-        return body if status == 206 else body[offset:offset + size]  # a server that ignores ranges sends it all
+        response = self.found("GET", name, headers={"Range": f"bytes={offset}-{offset + size - 1}"})
+        body = response.content
+        return body if response.status_code == 206 else body[offset:offset + size]  # a server that ignores ranges
 
     def stream(self, name: str):
-        connection = self.connect()  # its own: a stream read over minutes must not hold up the reads by range
-        connection.request("GET", f"{self.path}/{name}")
-        response = connection.getresponse()
-        if response.status >= 400:  # refused: nothing will read this response, so its connection ends here
-            connection.close()
-        self.checked(response.status, name)
-        return response
+        """The file's bytes as a stream, read once through; its connection ends when it is closed."""
+        raw = self.found("GET", name, stream=True).raw
+        raw.decode_content = True  # as sent, where a server compressed it on the way
+        return raw
 
 
 def is_address(path: str) -> bool:
@@ -186,9 +203,14 @@ def is_address(path: str) -> bool:
     return s3.is_remote(path) or path.startswith(("http://", "https://"))
 
 
-def location(path: str, endpoint_url: str | None = None) -> "Local | S3 | Http":
+def location(path: str, endpoint_url: str | None = None, token_env: str | None = None) -> "Local | S3 | Http":
     if s3.is_remote(path):
         return S3(path, endpoint_url)
     if is_address(path):
-        return Http(path)
+        return Http(path, token_env)
     return Local(Path(path).expanduser())
+
+
+def said(err: OSError) -> str:
+    """An OSError in words: the file and what happened to it."""
+    return f"{err.filename}: {err.strerror}" if err.filename and err.strerror else str(err).splitlines()[0]

@@ -30,7 +30,7 @@ from ...contracts import Format, Store, Stores
 from ...core.errors import ConfigError
 from ...core.files import WriteError, write_atomic
 from . import META, SPLITS, check_folder, s3
-from .locations import Local, location
+from .locations import Local, location, said
 
 log = logging.getLogger(__name__)
 
@@ -234,12 +234,12 @@ class Webdataset(Format):
     suffix = ""  # each split is a folder of shards
 
     def __init__(self, path: str | None, train_shards: str | None = None, val_shards: str | None = None,
-                 cache_dir: str | None = None, endpoint_url: str | None = None):
+                 cache_dir: str | None = None, endpoint_url: str | None = None, token_env: str | None = None):
         self.path, self.patterns = path, {"train": train_shards, "val": val_shards}
-        self.cache_dir, self.endpoint_url = cache_dir, endpoint_url
+        self.cache_dir, self.endpoint_url, self.token_env = cache_dir, endpoint_url, token_env
 
     def stores(self, source, stage) -> Stores:
-        where = location(self.path, self.endpoint_url)
+        where = location(self.path, self.endpoint_url, self.token_env)
         if not where.remote:
             check_folder(where.folder, "write it with python -m {{ cookiecutter.package }}.pack format=webdataset "
                          "pack.out=<folder>, or pass your shards' folder", "folder or s3:// prefix")
@@ -249,10 +249,10 @@ class Webdataset(Format):
         try:
             return open_shards(where, self.patterns, kept_in)
         except ModuleNotFoundError as err:
-            raise ConfigError(f"format.path={self.path} needs {err.name}: pip install boto3") from None
+            raise ConfigError(f"format.path={self.path} needs {err.name}: pip install {err.name}") from None
         except OSError as err:  # a server or bucket that cannot be reached or refuses, a file that cannot be read
-            raise ConfigError(f"format.path={self.path} cannot be read: {str(err).splitlines()[0]}; check the "
-                              "address, that its server is up and the credentials") from None
+            raise ConfigError(f"format.path={self.path} cannot be read: {said(err)}; check the address, that its "
+                              "server is up and the credentials") from None
 
     def write(self, path: Path, records, chunk_mb: float) -> None:
         """One split as shards of about `chunk_mb` megabytes in the folder `path`."""
