@@ -2,6 +2,7 @@
 line. The round trip, the refusals every packed format shares and the tiny training runs are test_format.py's and
 test_zoo.py's, which glob conf/format/."""
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -315,6 +316,21 @@ def test_a_server_that_gives_no_version_keeps_no_index_and_says_so(tmp_path, cap
     assert not list((tmp_path / "cache").rglob("*.npz"))
     assert f"{url}/imagenet1k-train-00.tar and 1 more shards: no ETag or Last-Modified, so a kept index could not " \
            "tell a rewritten shard; none is kept, and each process indexes the shards at each start" in caplog.text
+
+
+def test_the_processes_of_a_node_stream_each_remote_shard_once_to_index_it(tmp_path):
+    """Three processes start at once, as the ranks of a node do: the first indexes, the others wait and read its index."""
+    root, _ = timm_folder(tmp_path / "in1k")
+    with serving(root) as (url, requests):
+        starting = [multiprocessing.get_context("fork").Process(target=open_remote, args=(url, tmp_path / "cache"))
+                    for _ in range(3)]
+        for process in starting:
+            process.start()
+        for process in starting:
+            process.join(timeout=120)
+    assert [process.exitcode for process in starting] == [0, 0, 0]
+    streamed = [path for method, path, ranged in requests if method == "GET" and path.endswith(".tar") and not ranged]
+    assert sorted(streamed) == [f"/data/imagenet1k-{split}.tar" for split in ("train-00", "train-01", "validation-00")]
 
 
 def test_a_remote_shard_gone_mid_run_is_one_line_naming_it(tmp_path):

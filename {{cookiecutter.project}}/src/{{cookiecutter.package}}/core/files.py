@@ -2,6 +2,7 @@
 reports (the path, the errno, the free space); and the run's log file, which ends at its last whole line when
 its disk fills."""
 import errno
+import fcntl
 import logging
 import os
 import re
@@ -118,6 +119,27 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
             raise  # not a write that failed: a bug
         raise WriteError(f"could not write {path}: {write_failure(path, err)}; any earlier {path.name} is "
                          "intact") from err
+
+
+@contextmanager
+def one_process_at_a_time(folder: Path) -> Iterator[None]:
+    """The folder `folder` locked (flock) while the block runs, made first where it is not there: processes that would
+    make the same file in it (the processes of a node indexing the same data) come in one after another, and the
+    later ones find what the first made. Where it cannot be made or locked (a read-only place; a network file system
+    may refuse a lock), each comes in at once."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        descriptor = None
+    try:
+        if descriptor is not None:
+            with suppress(OSError):
+                fcntl.flock(descriptor, fcntl.LOCK_EX)  # released when the descriptor closes, or its process ends
+        yield
+    finally:
+        if descriptor is not None:
+            os.close(descriptor)
 
 
 @contextmanager

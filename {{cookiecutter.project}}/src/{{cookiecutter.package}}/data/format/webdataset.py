@@ -3,9 +3,9 @@ OpenCLIP write), read by index, so that the sampler, the coverage check, resume 
 every other format.
 
 The shards are in a local folder, at an S3 prefix or at an HTTP(S) address (data/format/locations.py). A split's
-shards are indexed once: every sample's shard, the offset and size of its image, and its label from its `.cls`.
-The index is kept in `_index-<names>-<versions>.npz` (digests of the shards' names, and of each one's size and
-version: for a local shard its mtime, ctime and inode, for a remote one its ETag or Last-Modified), beside local
+shards are indexed once per node: every sample's shard, the offset and size of its image, and its label from its
+`.cls`. The index is kept in `_index-<names>-<versions>.npz` (digests of the shards' names, and of each one's size
+and version: for a local shard its mtime, ctime and inode, for a remote one its ETag or Last-Modified), beside local
 shards and in format.cache_dir for remote ones, so a later start reads no shard; where neither can be written, or a
 server gives no version, each start indexes again in memory. Remote shards are read by byte range: one request per
 image, or one per shard a run of records spans under order=blocks, which reads a block of consecutive samples at
@@ -28,7 +28,7 @@ import numpy as np
 
 from ...contracts import Format, Store, Stores
 from ...core.errors import ConfigError
-from ...core.files import WriteError, write_atomic
+from ...core.files import WriteError, one_process_at_a_time, write_atomic
 from . import META, SPLITS, check_folder, s3
 from .locations import Local, location, said
 
@@ -103,8 +103,9 @@ def index_shard(where, name: str, size: int) -> np.ndarray:
 def split_index(where, stats: dict[str, tuple[int, str]], kept_in: Path) -> np.ndarray:
     """The index of the shards `stats` names at `where`: the one kept in the folder `kept_in`, or made now and kept
     there where it can be. An index is kept under its shards' names and stamped with each one's size and version,
-    so that a shard rewritten since is indexed again and the index it replaces removed. Where a server gives a shard
-    no version, no index is kept, since none could tell a rewritten shard."""
+    so that a shard rewritten since is indexed again and the index it replaces removed. The first process of a node
+    to come indexes; the others wait for it, then read what it kept. Where a server gives a shard no version, no
+    index is kept, since none could tell a rewritten shard."""
     if unversioned := [name for name, (_, version) in stats.items() if not version]:
         more = len(unversioned) - 1
         log.warning("%s%s: no ETag or Last-Modified, so a kept index could not tell a rewritten shard; none is kept, and "
@@ -114,13 +115,14 @@ def split_index(where, stats: dict[str, tuple[int, str]], kept_in: Path) -> np.n
     names = hashlib.sha1("".join(f"{name}\n" for name in stats).encode()).hexdigest()[:12]
     versions = hashlib.sha1("".join(f"{name}\0{size}\0{version}\n" for name, (size, version) in stats.items()).encode())
     kept = kept_in / f"_index-{names}-{versions.hexdigest()[:12]}.npz"
-    try:
-        with np.load(kept) as saved:
-            return np.stack([saved[field] for field in FIELDS], axis=1)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # not made yet, or damaged: made again
-        pass
-    index = index_shards(where, stats)
-    keep(index, kept)
+    with one_process_at_a_time(kept_in):
+        try:
+            with np.load(kept) as saved:
+                return np.stack([saved[field] for field in FIELDS], axis=1)
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # not made yet, or damaged: made again
+            pass
+        index = index_shards(where, stats)
+        keep(index, kept)
     return index
 
 
@@ -140,7 +142,6 @@ def keep(index: np.ndarray, kept: Path) -> None:
             np.savez(file, **{field: index[:, column] for column, field in enumerate(FIELDS)})
 
     try:
-        kept.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(kept, write)
         for stale in kept.parent.glob(f"{kept.name.rsplit('-', 1)[0]}-*.npz"):
             if stale != kept:
