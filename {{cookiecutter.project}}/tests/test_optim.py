@@ -1,6 +1,7 @@
 """The optimizers' own promise, beyond what every optim option is checked for (tests/test_config.py): AdamW's
 decay is decoupled from the gradient and spares norms and biases, and what the model itself names; optim.fused
-computes what the default kernels do, and keeps its kernel through a resume."""
+computes what the default kernels do, and keeps its kernel through a resume, with the state where that kernel
+keeps it."""
 import pytest
 import torch
 from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
@@ -48,6 +49,59 @@ def test_a_run_resumed_with_fused_steps_with_the_fused_kernel(name):
     resumed = OPTIMIZERS[name](small_model(), True)
     resumed.load_state_dict(saved.state_dict())
     assert all(group["fused"] and not group["foreach"] for group in resumed.param_groups)
+
+
+def stepped(optimizer: torch.optim.Optimizer, model: torch.nn.Module, device: str) -> torch.optim.Optimizer:
+    optimizer.zero_grad()
+    model(torch.randn(4, 6, device=device)).square().mean().backward()
+    optimizer.step()
+    return optimizer
+
+
+def placement(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """The device and dtype of every state tensor, parameter by parameter."""
+    return [{key: (value.device, value.dtype) for key, value in optimizer.state[param].items()}
+            for group in optimizer.param_groups for param in group["params"]]
+
+
+def resumed_and_fresh(fused_before: bool, device: str) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+    """An AdamW saved after one step with optim.fused=fused_before, resumed with the other setting and stepped once,
+    beside a fresh AdamW of the other setting stepped once. AdamW, because SGD keeps no `step` in its state."""
+    saving_model = small_model().to(device)
+    saved = stepped(OPTIMIZERS["adamw"](saving_model, fused_before), saving_model, device).state_dict()
+    model, fresh_model = small_model().to(device), small_model().to(device)
+    resumed = OPTIMIZERS["adamw"](model, not fused_before)
+    resumed.load_state_dict(saved)
+    return (stepped(resumed, model, device),
+            stepped(OPTIMIZERS["adamw"](fresh_model, not fused_before), fresh_model, device))
+
+
+@pytest.fixture
+def float64_by_default():
+    """torch gives a foreach kernel's `step` the default dtype and a fused kernel's float32, so under float64 a CPU
+    shows whether a resume moved `step`. Its device, the other half, only a GPU can show (the test on CUDA below)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
+@FUSED_ON_CPU
+@pytest.mark.parametrize("fused_before", [True, False], ids=["fused-to-foreach", "foreach-to-fused"])
+def test_a_resume_that_changes_optim_fused_keeps_the_state_where_a_fresh_optimizer_would(fused_before,
+                                                                                         float64_by_default):
+    resumed, fresh = resumed_and_fresh(fused_before, "cpu")
+    assert placement(resumed) == placement(fresh)
+    assert {state["step"].item() for state in resumed.state.values()} == {2.0}  # the saved step carried on
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused_before", [True, False], ids=["fused-to-foreach", "foreach-to-fused"])
+def test_a_resume_that_changes_optim_fused_steps_on_cuda_with_the_state_where_a_fresh_optimizer_keeps_it(
+        fused_before):
+    resumed, fresh = resumed_and_fresh(fused_before, "cuda")  # foreach-to-fused failed this step on `step`'s device
+    assert placement(resumed) == placement(fresh)
+    assert {state["step"].item() for state in resumed.state.values()} == {2.0}
 
 
 def test_adamw_shrinks_conv_and_linear_weights_by_lr_times_decay_and_leaves_norms_and_biases():

@@ -29,15 +29,31 @@ KERNEL = ("fused", "foreach")  # a parameter group's keys that pick how the upda
 def keeping_its_kernel(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """`optimizer`, whose kernel stays the one this run asked for when it loads a checkpoint: torch's load_state_dict
     takes every key of the saved parameter groups, so a run resumed with optim.fused=true would step with the
-    kernel of the run that saved."""
+    kernel of the run that saved. Each state's `step` moves to where this kernel keeps it, too."""
     built = [{key: group[key] for key in KERNEL if key in group} for group in optimizer.param_groups]
 
     def restore(loaded: torch.optim.Optimizer) -> None:
         for group, kernel in zip(loaded.param_groups, built):
             group.update(kernel)
+            for param in group["params"]:
+                state = loaded.state.get(param, {})
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = placed_step(state["step"], param, group)
 
     optimizer.register_load_state_dict_post_hook(restore)
     return optimizer
+
+
+def placed_step(step: torch.Tensor, param: torch.Tensor, group: dict) -> torch.Tensor:
+    """`step` where a fresh optimizer of `group`'s kernel puts it (torch's note "special device hosting for step"):
+    a fused kernel reads it as float32 on the parameter's device, a capturable one on that device too, and the
+    others on the host, where reading it costs no sync. torch's load_state_dict places it by the saved run's kernel
+    instead, so a fused run resumed from a foreach one would fail its first step on a GPU, and the other way round
+    would sync once per parameter at every step."""
+    if group.get("fused"):
+        return step.to(dtype=torch.float32, device=param.device)
+    dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # as torch's own init
+    return step.to(dtype=dtype, device=param.device if group.get("capturable") else "cpu")
 
 
 def sgd(model: torch.nn.Module, lr: float, momentum: float, nesterov: bool, weight_decay: float,
