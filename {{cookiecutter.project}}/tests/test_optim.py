@@ -140,3 +140,40 @@ def test_adamw_spares_what_the_model_names_in_no_weight_decay():
     assert torch.equal(model.pos_embed, torch.ones(1, 4, 2))
     decayed = [group for group in optimizer.param_groups if group["weight_decay"]]
     assert [param.shape for param in decayed[0]["params"]] == [model.head.weight.shape]
+
+
+class WithEncodedPositions(torch.nn.Module):
+    """XCiT's shape of the problem: the position encoding is a module, whose 2-dimensional projection weight a
+    model names in no_weight_decay() through the module's name or a pattern."""
+
+    def __init__(self, spared: set[str]):
+        super().__init__()
+        self.pos_embed = torch.nn.Linear(2, 2)
+        self.head = torch.nn.Linear(2, 2)
+        self.spared = spared
+
+    def no_weight_decay(self) -> set[str]:
+        return self.spared
+
+
+def decayed(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> set[str]:
+    """The names of the parameters `optimizer` decays."""
+    ids = {id(param) for group in optimizer.param_groups if group["weight_decay"] for param in group["params"]}
+    return {name for name, param in model.named_parameters() if id(param) in ids}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+@pytest.mark.parametrize("spared", ["pos_embed", "pos_embed.*", "pos_*.weight"])
+def test_the_parameters_of_a_module_the_model_names_or_matches_are_not_decayed(name, spared):
+    model = WithEncodedPositions({spared})
+    assert decayed(OPTIMIZERS[name](model, False), model) == {"head.weight"}
+
+
+def test_adamw_spares_what_timms_xcit_names_in_no_weight_decay():
+    timm = pytest.importorskip("timm", reason="timm's models need the timm extra: pip install -e '.[timm]'")
+    model = timm.create_model("xcit_nano_12_p16_224", pretrained=False, num_classes=2)
+    optimizer = adamw(model, lr=0.1, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.5, fused=False)
+    named = {name for name, param in model.named_parameters()
+             if name.startswith(("pos_embed.", "cls_token")) and param.ndim > 1}
+    assert "pos_embed.token_projection.weight" in named  # what only no_weight_decay() keeps from decay ...
+    assert not named & decayed(optimizer, model)  # ... is kept from it

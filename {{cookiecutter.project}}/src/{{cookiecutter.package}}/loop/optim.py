@@ -2,6 +2,7 @@
 transformers and for fine-tuning. Both decay conv and linear weights only, and none a model names in its own
 no_weight_decay(). optim.fused picks torch's fused kernel, one launch updating every parameter, over its default
 foreach kernels."""
+import fnmatch
 from collections.abc import Sequence
 
 import torch
@@ -19,8 +20,17 @@ def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
     for name, param in own.named_parameters():
         if param.requires_grad:
-            (no_decay if param.ndim <= 1 or name in spared else decay).append(param)
+            (no_decay if param.ndim <= 1 or named_in(name, spared) else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def named_in(name: str, patterns: set[str]) -> bool:
+    """Whether the parameter `name`, or a module that holds it, matches one of `patterns` with fnmatch's wildcards,
+    as timm matches them: XCiT names its position encoding's parameters 'pos_embed.*', and a model that names the
+    module, 'pos_embed', means all of them too (timm itself matches parameter names only)."""
+    parts = name.split(".")
+    holders = [".".join(parts[:depth]) for depth in range(1, len(parts) + 1)]
+    return any(fnmatch.fnmatchcase(holder, pattern) for holder in holders for pattern in patterns)
 
 
 KERNEL = ("fused", "foreach")  # a parameter group's keys that pick how the update runs, not what it computes
