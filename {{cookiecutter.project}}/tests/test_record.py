@@ -97,6 +97,9 @@ def test_a_torchrun_job_whose_folder_holds_another_run_is_refused_and_the_same_j
     same_job = ["train.py", "data=folder", "train.epochs=3", "train.max_steps=9"]  # a node joining its job again
     assert record.another_run(same_job) is None
     assert record.another_run(["train.py", "train.epochs=5", "resume=auto"]) is None  # asked to carry it on
+    in_another_order = ["train.py", "train.epochs=3", "train.epochs=4", "data=folder", "train.epochs=3"]
+    assert record.another_run(in_another_order) is None  # the same settings: each key's last value
+    assert record.another_run(["train.py", "train.epochs=3", "data=folder", "train.epochs=4"]) is not None
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarting its own workers
     assert record.another_run(["train.py", "train.epochs=5"]) is None
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")

@@ -38,6 +38,12 @@ def value_of(overrides: list[str], key: str) -> str | None:
                  and "=" in override), None)
 
 
+def settings(overrides: list[str]) -> dict[str, str]:
+    """What `overrides` set, whatever their order: each key's last override, as Hydra applies them, leaving out the
+    keys of THIS_COMMAND."""
+    return {key_of(override): override for override in overrides if not key_of(override).startswith(THIS_COMMAND)}
+
+
 def split(argv: list[str]) -> tuple[list[str], list[str]]:
     """A command line's Hydra flags (--config-dir mine, ...) and its overrides."""
     overrides = get_args_parser().parse_args(argv[1:]).overrides
@@ -83,7 +89,7 @@ def another_run(argv: list[str]) -> str | None:
         return None
     recorded = [override for override in yaml.safe_load((folder / RECORD).read_text())
                 if not key_of(override).startswith(THIS_COMMAND)]
-    if recorded == [override for override in given if not key_of(override).startswith(THIS_COMMAND)]:
+    if settings(recorded) == settings(given):
         return None
     started = " ".join(recorded) or "no overrides"
     return (f"{folder} holds another run of rendezvous id {run_id}, started with {started}: give this job an id of "
