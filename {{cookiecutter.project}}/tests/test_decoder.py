@@ -685,6 +685,52 @@ def test_gpu_decoders_decode_whole_batches_on_the_gpu_like_pillow(name):
     assert not getattr(decoder, "warned", False), "nvJPEG decoded them all: none was left to Pillow"
 
 
+@pytest.mark.gpu
+def test_nvjpeg_decodes_on_a_side_stream_without_waiting_for_the_step_on_another(gpu_busy):
+    """Under a prefetcher the decode runs on a side stream while the step computes: the barrier before nvJPEG
+    drains the decode's own stream, so the decode returns with the step still queued. The step has a stream of its
+    own here, not the default one, so that what is tested is the barrier, not how a library orders itself after the
+    legacy default stream."""
+    decoder = make_decoder("nvjpeg")
+    assert not decoder.on_cpu
+    files, crop = [ODD_FILES["rgb"]] * 8, CenterCrop(64, 73)
+    decode_stream, step_stream = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(decode_stream):
+        upload(decoder, files, crop)  # nvJPEG makes its handles and buffers once
+        decode_stream.synchronize()
+        began = time.perf_counter()
+        upload(decoder, files, crop)
+        decode_stream.synchronize()
+        decode_s = time.perf_counter() - began
+        with torch.cuda.stream(step_stream):
+            gpu_busy(max(0.5, 20 * decode_s))  # a step far longer than a decode
+            step_done = step_stream.record_event()
+        decoded = upload(decoder, files, crop)
+        assert not step_done.query(), "the decode waited for the step on another stream"
+        reference = crops(PilDecoder(), files, crop, CPU)
+        assert mean_difference(decoded.cpu(), reference).max() < 6.0
+
+
+@pytest.mark.gpu
+def test_nvjpeg_writes_no_block_that_work_queued_on_its_stream_still_reads(gpu_busy):
+    """Why the barrier is there: nvJPEG's hardware path does not order itself after the work queued on the caller's
+    stream, and the caching allocator may hand it blocks that work has freed but not yet read (the harness of
+    pytorch/vision#9606, which corrupts on an H100). On a GPU whose nvJPEG orders itself, this passes either way."""
+    decoder = make_decoder("nvjpeg")
+    files, crop = [ODD_FILES["rgb"]] * 8, CenterCrop(64, 73)
+    image_bytes = 3 * 500 * 375  # one decoded image, the size of block the decode asks for
+    decode_stream = torch.cuda.Stream()
+    with torch.cuda.stream(decode_stream):
+        upload(decoder, files, crop)  # nvJPEG makes its handles and buffers once
+        for _ in range(10):
+            blocks = [torch.ones(image_bytes, dtype=torch.uint8, device=DEVICE) for _ in files]
+            gpu_busy(0.05)  # the reads below wait behind this ...
+            sums = torch.stack([block.sum() for block in blocks])
+            del blocks  # ... while their blocks go back to this stream's pool, for the decode to be handed
+            upload(decoder, files, crop)
+            assert sums.tolist() == [image_bytes] * len(files)
+
+
 REGION_DECODERS = [name for name in DECODERS  # the CPU decoders whose library decodes a region
                    if options.facts("decoder", name).region_decode and not options.facts("decoder", name).gpu]
 # Pillow's subsampling: 0 is 4:4:4, 1 is 4:2:2, 2 is 4:2:0; sizes off the MCU grid, so that the last MCUs are partial.

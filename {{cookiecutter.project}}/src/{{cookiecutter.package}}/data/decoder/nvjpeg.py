@@ -118,8 +118,11 @@ class NvjpegDecoder(BatchDecoder):
         DALI falls back to the host), so that one odd file never ends the run."""
         if device.type == "cuda":
             # nvJPEG's hardware path does not wait for the kernels queued before it, which may still read memory it
-            # is handed (pytorch/vision#9606, meta-pytorch/torchcodec#1634): it starts once they are done.
-            torch.cuda.synchronize(device)
+            # is handed (pytorch/vision#9606, meta-pytorch/torchcodec#1634): it starts once they are done. Those
+            # kernels are this stream's, since the caching allocator hands a stream only the blocks its own work freed
+            # (or, after record_stream, work on other streams has finished with). So the decode waits for this stream
+            # alone, and under a prefetcher's side stream it overlaps the step.
+            torch.cuda.current_stream(device).synchronize()
         try:
             return self.decode_jpeg([torch.from_numpy(item.data) for item in encoded], device)
         except DEVICE_FAULTS:
