@@ -18,11 +18,16 @@ the 2x2 of warm-up on or off by per-step or per-epoch. The reference has no seed
 random start alone. The row `experiment=fast_to_accuracy` trains that recipe, for its own epochs, in place of
 experiment=fashion_mnist.
 
-Each run's result is kept in its folder under --work (by row, epochs and seed), so the same command run again
-after a table was cut short trains only the runs it lacks. With --jobs above 1, runs share the machine, so their
-minutes compare rows within one table only; time one row against another alone with --jobs 1. Each run's time to
-the --levels of validation top-1 comes from its summary.json. The table is rewritten (whole, under a temporary
-name) as each row completes, so a table cut short keeps the rows it finished.
+Each run's result is kept in its folder under --work (by row, epochs and seed), so the same command run again after
+a table was cut short trains only the runs it lacks. Beside it is what the run was trained from: its overrides, the
+sha256 of each experiment YAML it composes and of the package's files (the reference's: its folder's .py files). A
+kept run whose overrides, recipe or code differ from what its row would run now is refused before anything runs, in
+one line naming its folder and what differs; --rerun-changed trains such runs again, each old folder kept beside as
+<folder>.replaced-<time>. The --levels timed are not compared: they change what a run records, not what it trains.
+With --jobs above 1, runs share the machine, so their minutes compare rows within one table only; time one row
+against another alone with --jobs 1. Each run's time to the --levels of validation top-1 comes from its
+summary.json. The table is rewritten (whole, under a temporary name) as each row completes, so a table cut short
+keeps the rows it finished.
 
 Each row is judged against the row VARIANTS names: this loop's reference pipeline and its per-epoch schedule
 against torchvision's reference, each schedule's corner without warm-up against its corner with it, and each fast
@@ -32,6 +37,8 @@ seed's top-1, so the reader can judge otherwise.
 """
 import argparse
 import concurrent.futures
+import hashlib
+import importlib.util
 import json
 import re
 import statistics
@@ -40,13 +47,17 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
+
+import yaml
 
 from {{ cookiecutter.package }}.core.errors import ClearError
 from {{ cookiecutter.package }}.core.files import write_atomic
 from {{ cookiecutter.package }}.diagnosis.summary import Summary
 
 PACKAGE = "{{ cookiecutter.package }}"
+PACKAGE_DIR = Path(importlib.util.find_spec(PACKAGE).origin).parent  # the package `python -m` runs from here
 RECIPE = "experiment=fashion_mnist"
 SHORT_SIDE = 32  # format=tensor keeps the images at this shorter side: the validation resize, so no detail is lost
 
@@ -112,15 +123,96 @@ class Run:
     reached: dict[str, float] | None = None  # minutes to each level reached; None: not timed
 
 
-def kept(folder: Path, run: Callable[[], Run]) -> Run:
-    """The result `folder` keeps of a run that finished there, else run() with its result kept there: a table cut
-    short goes on from the runs it finished."""
-    record = folder / "accuracy-run.json"
+@dataclass(kw_only=True)
+class Provenance:
+    """What a run is trained from, kept beside its result."""
+    overrides: list[str]  # its command's settings, but for its run folder and the --levels it times
+    recipes: dict[str, str]  # the sha256 of each experiment YAML it composes, by its path under conf/
+    code: str  # the sha256 of the code it runs
+
+    def differences(self, now: "Provenance") -> list[str]:
+        """What differs from `now`, each in a few words; empty where nothing does."""
+        found = []
+        if set(self.overrides) != set(now.overrides):
+            gone = [override for override in self.overrides if override not in now.overrides]
+            new = [override for override in now.overrides if override not in self.overrides]
+            found.append(f"its overrides {' '.join(gone) or '(none)'} are now {' '.join(new) or '(none)'}")
+        found += [f"its recipe {name} changed" for name in sorted(self.recipes.keys() | now.recipes.keys())
+                  if self.recipes.get(name) != now.recipes.get(name)]
+        if self.code != now.code:
+            found.append("its code changed")
+        return found
+
+
+@dataclass(kw_only=True)
+class Planned:
+    """One run of a row: the folder that keeps its result, what it is trained from, and how to run it."""
+    folder: Path
+    provenance: Provenance
+    run: Callable[[], Run]
+
+
+RECORD = "accuracy-run.json"  # in a run's folder: its result and its provenance, written once it finished
+
+
+def changes(plan: Planned) -> list[str]:
+    """How the run kept in plan.folder differs from what plan would run now; empty where none is kept or none does."""
+    record = plan.folder / RECORD
+    if not record.is_file():
+        return []
+    kept_from = json.loads(record.read_text()).get("provenance")
+    if kept_from is None:  # kept before runs recorded what they were trained from
+        return ["its record does not say what it was trained from"]
+    return Provenance(**kept_from).differences(plan.provenance)
+
+
+def kept(plan: Planned) -> Run:
+    """The result plan.folder keeps of a run that finished there, else plan.run() with its result and provenance
+    kept there: a table cut short goes on from the runs it finished. main() has set aside, or refused, every kept
+    run whose provenance differs from the plan's."""
+    record = plan.folder / RECORD
     if record.is_file():
-        return Run(**json.loads(record.read_text()))
-    result = run()
-    write_atomic(record, lambda path: path.write_text(json.dumps(asdict(result))))
+        return Run(**json.loads(record.read_text())["result"])
+    result = plan.run()
+    text = json.dumps({"result": asdict(result), "provenance": asdict(plan.provenance)})
+    write_atomic(record, lambda path: path.write_text(text))
     return result
+
+
+def digest(files: list[Path], under: Path) -> str:
+    """The sha256 of `files`, each by its path under `under` and its bytes."""
+    total = hashlib.sha256()
+    for file in sorted(files):
+        data = file.read_bytes()
+        total.update(f"{file.relative_to(under)}\0{len(data)}\0".encode() + data)
+    return total.hexdigest()
+
+
+def package_code(package: Path) -> str:
+    """The sha256 of the package's files, the recipes in conf/experiment/ left out (recipes() hashes those a row
+    composes). A digest of what `python -m` runs, rather than `git rev-parse HEAD`: a baked project need not be a git
+    checkout, a commit misses the uncommitted edits a recipe is tuned with, and one that touches only docs, tests or
+    scripts would discard hours of runs it does not change. Editing a recipe no row composes keeps every run."""
+    recipes = package / "conf" / "experiment"
+    return digest([file for file in package.rglob("*") if file.is_file() and "__pycache__" not in file.parts
+                   and not file.is_relative_to(recipes)], package)
+
+
+def recipes(overrides: list[str], conf: Path) -> dict[str, str]:
+    """The sha256 of each experiment YAML `overrides` compose, by its path under `conf`: the one experiment= names,
+    and in turn each that a defaults list names by its bare name, a file of the same group to Hydra
+    (fast_to_accuracy's `- fashion_mnist`)."""
+    names = [override.partition("=")[2] for override in overrides if override.startswith("experiment=")]
+    found = {}
+    while names:
+        path = f"experiment/{names.pop()}.yaml"
+        if path in found:
+            continue
+        text = (conf / path).read_bytes()
+        found[path] = hashlib.sha256(text).hexdigest()
+        names += [entry for entry in yaml.safe_load(text).get("defaults", [])
+                  if isinstance(entry, str) and entry != "_self_"]
+    return found
 
 
 def overrides(variant: list[str], packs: Path) -> list[str]:
@@ -136,12 +228,16 @@ def recipe_and_overrides(variant: list[str], packs: Path, epochs: int) -> list[s
     return [RECIPE, f"train.epochs={epochs}", *chosen]
 
 
-def ours(root: Path, variant: list[str], seed: int, epochs: int, run_dir: Path, packs: Path, workers: int,
-         levels: list[str]) -> Run:
+def our_overrides(root: Path, variant: list[str], seed: int, epochs: int, packs: Path, workers: int) -> list[str]:
+    """What a run of this project's loop is given, but for its run folder and the levels it times."""
+    return [*recipe_and_overrides(variant, packs, epochs), f"data.root={root.resolve()}", f"seed={seed}",
+            f"loader.num_workers={workers}"]
+
+
+def ours(overrides: list[str], levels: list[str], run_dir: Path) -> Run:
     """One run of this project's loop: its last validation top-1 and its minutes to each level."""
-    command = [sys.executable, "-m", f"{PACKAGE}.train", *recipe_and_overrides(variant, packs, epochs),
-               f"data.root={root}", f"seed={seed}", f"loader.num_workers={workers}",
-               f"train.top1_levels=[{','.join(levels)}]", f"hydra.run.dir={run_dir}"]
+    command = [sys.executable, "-m", f"{PACKAGE}.train", *overrides, f"train.top1_levels=[{','.join(levels)}]",
+               f"hydra.run.dir={run_dir}"]
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     summary = Summary.read(run_dir / "summary.json")
@@ -247,6 +343,50 @@ def describe(err: Exception) -> str:
     return str(err)
 
 
+def planned_runs(args: argparse.Namespace, script: Path | None, packs: Path) -> dict[tuple[str, int], Planned]:
+    """Each run the table needs, by row and seed: torchvision's reference where --reference is given, then each of
+    --variants."""
+    planned = {}
+    if script is not None:
+        code = digest(list(script.parent.glob("*.py")), script.parent)
+        for seed in args.seeds:
+            out = args.work / "runs" / "torchvision-reference" / f"epochs{args.epochs}-seed{seed}"
+            command = reference_command(script, args.root.resolve(), args.epochs, out, args.device, args.workers)
+            settings = [arg for arg in command[2:] if not arg.startswith("--output-dir=")]
+            planned[REFERENCE, seed] = Planned(
+                folder=out, provenance=Provenance(overrides=settings, recipes={}, code=code),
+                run=partial(reference, script, args.root, args.epochs, out, args.device, args.workers))
+    code = package_code(PACKAGE_DIR)
+    for name in args.variants:
+        runs = args.work / "runs" / re.sub(r"\W+", "-", name).strip("-")
+        for seed in args.seeds:
+            folder = runs / f"epochs{args.epochs}-seed{seed}"
+            given = our_overrides(args.root, VARIANTS[name][0], seed, args.epochs, packs, args.workers)
+            planned[name, seed] = Planned(
+                folder=folder, provenance=Provenance(overrides=given, recipes=recipes(given, PACKAGE_DIR / "conf"),
+                                                     code=code),
+                run=partial(ours, given, args.levels, folder))
+    return planned
+
+
+def set_aside_changed(planned: list[Planned], rerun: bool) -> None:
+    """Refuse, in one line, kept runs that differ from what their rows would run now, or with `rerun` rename each
+    beside itself, so that it is trained again and its hours are not lost."""
+    changed = {plan.folder: found for plan in planned if (found := changes(plan))}
+    if not changed:
+        return
+    if not rerun:
+        folder, found = next(iter(changed.items()))
+        raise ClearError(f"{len(changed)} kept run(s) differ from what their rows would run now, such as {folder}: "
+                         f"{'; '.join(found)}; pass --rerun-changed to train them again, each old one kept beside as "
+                         "<folder>.replaced-<time>, or give another --work")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for folder in changed:
+        folder.rename(folder.with_name(f"{folder.name}.replaced-{stamp}"))
+    print(f"{len(changed)} changed run(s) kept beside their folders as <folder>.replaced-{stamp}; training them again",
+          file=sys.stderr)
+
+
 def collected(name: str, runs: list[Run]) -> Row:
     return Row(name, [run.top1 for run in runs], [run.minutes for run in runs],
                [run.reached for run in runs if run.reached is not None])
@@ -288,6 +428,8 @@ def main() -> None:
                         help="validation top-1 levels (%%) whose time the table gives")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--out", type=Path, help="write the table here as well as to stdout")
+    parser.add_argument("--rerun-changed", action="store_true",
+                        help="train again each kept run whose overrides, recipe or code changed, the old kept beside")
     args = parser.parse_args()
     if len(set(args.seeds)) < len(args.seeds):
         parser.error(f"argument --seeds: {' '.join(map(str, args.seeds))} names a seed twice; give each once")
@@ -300,22 +442,15 @@ def main() -> None:
         sys.exit(f"error: --reference {args.reference} holds no train.py: pass torchvision's "
                  "references/classification folder")
     packs = args.work / "packs"
+    planned = planned_runs(args, script, packs)
+    set_aside_changed(list(planned.values()), args.rerun_changed)
     for format, settings in PACKS.items():
         wanted = ("format.path={packs}/" + format) in (override for name in args.variants
                                                         for override in VARIANTS[name][0])
         if wanted and not (packs / format).exists():
             subprocess.run([sys.executable, "-m", f"{PACKAGE}.pack", f"data.root={args.root}", f"format={format}",
                             f"pack.out={packs / format}", *settings], check=True, stdout=subprocess.DEVNULL)
-    rows = {}
-    if script is not None:
-        folder = args.work / "runs" / "torchvision-reference"
-        rows[REFERENCE] = lambda seed: kept(folder / f"epochs{args.epochs}-seed{seed}", lambda: reference(
-            script, args.root, args.epochs, folder / f"epochs{args.epochs}-seed{seed}", args.device, args.workers))
-    for name in args.variants:
-        runs = args.work / "runs" / re.sub(r"\W+", "-", name).strip("-")
-        rows[name] = lambda seed, name=name, runs=runs: kept(runs / f"epochs{args.epochs}-seed{seed}", lambda: ours(
-            args.root, VARIANTS[name][0], seed, args.epochs, runs / f"epochs{args.epochs}-seed{seed}", packs,
-            args.workers, args.levels))
+    rows = {name: partial(lambda name, seed: kept(planned[name, seed]), name) for name, _ in planned}
     finished, failed = measure(rows, args.seeds, args.jobs, args.levels, args.out)
     print(table(finished, list(rows), args.levels))
     if failed:

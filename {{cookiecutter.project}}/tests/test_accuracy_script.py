@@ -2,8 +2,11 @@
 the reference's last top-1 is read from its log, and the table marks a row outside the reference's spread."""
 import argparse
 import importlib.util
+import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +14,7 @@ from helpers.paths import PROJECT
 from helpers.runs import hydra_run
 
 from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }}.core.errors import ClearError
 from {{ cookiecutter.package }}.options import check
 
 spec = importlib.util.spec_from_file_location("accuracy_script", PROJECT / "scripts/accuracy.py")
@@ -105,8 +109,73 @@ def test_a_finished_runs_result_is_kept_in_its_folder_and_read_again_in_place_of
 
     folder = tmp_path / "runs/row/epochs3-seed0"
     folder.mkdir(parents=True)
-    assert accuracy.kept(folder, run) == accuracy.kept(folder, run) == accuracy.Run(88.5, 5.0, {"85": 2.0})
+    plan = accuracy.Planned(folder=folder, provenance=accuracy.Provenance(overrides=["seed=0"], recipes={}, code="1"),
+                            run=run)
+    assert accuracy.kept(plan) == accuracy.kept(plan) == accuracy.Run(88.5, 5.0, {"85": 2.0})
     assert len(runs) == 1
+
+
+def test_a_kept_run_whose_overrides_recipe_or_code_changed_is_refused_in_one_line_or_trained_again_beside(tmp_path,
+                                                                                                        monkeypatch):
+    """The row experiment=fast_to_accuracy, which composes fashion_mnist's recipe too, through main(): its training
+    faked, its package a copy that the test edits."""
+    package = shutil.copytree(accuracy.PACKAGE_DIR, tmp_path / "package", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(accuracy, "PACKAGE_DIR", package)
+    trained = []
+
+    def ours(overrides, levels, run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)  # as training makes its run folder
+        trained.append(run_dir)
+        return accuracy.Run(80.0 + len(trained), 1.0, {})
+
+    monkeypatch.setattr(accuracy, "ours", ours)
+    (tmp_path / "tree/train").mkdir(parents=True)
+    work = tmp_path / "work"
+    (work / "packs/tensor").mkdir(parents=True)  # the row's pack is there: nothing is packed
+    folder = work / "runs/experiment-fast_to_accuracy/epochs10-seed0"
+
+    def table(*flags: str) -> None:
+        monkeypatch.setattr(sys, "argv", ["accuracy.py", str(tmp_path / "tree"), "--work", str(work), "--seeds", "0",
+                                          "--variants", "experiment=fast_to_accuracy", *flags])
+        accuracy.main()
+
+    def refused(*flags: str) -> str:
+        with pytest.raises(ClearError) as refusal:
+            table(*flags)
+        return str(refusal.value)
+
+    def edited(path: Path) -> str:
+        before = path.read_text()
+        path.write_text(before + "\n# an edit\n")
+        return before
+
+    table()
+    table("--levels", "85")  # other levels time the same training: the kept run is read again
+    assert trained == [folder]
+    assert refused("--workers", "3") == (
+        f"1 kept run(s) differ from what their rows would run now, such as {folder}: its overrides "
+        "loader.num_workers=2 are now loader.num_workers=3; pass --rerun-changed to train them again, each old one "
+        "kept beside as <folder>.replaced-<time>, or give another --work")
+    for path, difference in [(package / "conf/experiment/fashion_mnist.yaml",
+                              "its recipe experiment/fashion_mnist.yaml changed;"),
+                             (package / "train.py", "its code changed;")]:
+        before = edited(path)
+        assert f"such as {folder}: {difference} pass --rerun-changed" in refused()
+        path.write_text(before)
+    edited(package / "conf/experiment/gpu_fast.yaml")  # a recipe the row does not compose
+    table()
+    assert trained == [folder]
+
+    edited(package / "conf/experiment/fast_to_accuracy.yaml")
+    table("--rerun-changed")
+    assert trained == [folder, folder]
+    old, = work.glob("runs/experiment-fast_to_accuracy/epochs10-seed0.replaced-*")
+    assert [json.loads((run / accuracy.RECORD).read_text())["result"]["top1"] for run in (old, folder)] == [81.0, 82.0]
+    table()
+    assert trained == [folder, folder]
+
+    (folder / accuracy.RECORD).write_text(json.dumps({"top1": 81.0, "minutes": 1.0}))  # as runs were kept before
+    assert "such as {folder}: its record does not say what it was trained from;".format(folder=folder) in refused()
 
 
 def test_the_minutes_to_a_level_are_the_mean_of_the_runs_that_reached_it_saying_how_many_did():
