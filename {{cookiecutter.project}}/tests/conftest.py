@@ -211,6 +211,35 @@ def read_only_folder(small_disk, tmp_path) -> Path:
 
 
 @pytest.fixture
+def read_only_view(tmp_path):
+    """read_only_view(folder): `folder` with what it holds, seen through a bind mount remounted read-only, which
+    refuses writes even to root, as a share served read-only does; the test skips where it cannot be made."""
+    mounts = []
+
+    def view(folder: Path) -> Path:
+        if shutil.which("mount") is None:
+            pytest.skip("no mount command here to make a read-only bind mount")
+        mounted = tmp_path / f"read-only-view{len(mounts)}"
+        mounted.mkdir()
+        done = subprocess.run(["mount", "--bind", str(folder), str(mounted)], capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"a bind mount was refused: {done.stderr.strip()}")
+        mounts.append(mounted)
+        done = subprocess.run(["mount", "-o", "remount,ro,bind", str(mounted)], capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"remounting a bind mount read-only was refused: {done.stderr.strip()}")
+        try:
+            (mounted / "written").touch()
+        except OSError:
+            return mounted
+        pytest.skip(f"{mounted} took a write after it was remounted read-only")
+
+    yield view
+    for folder in mounts:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.fixture
 def s3_server(monkeypatch):
     """A real S3 endpoint on 127.0.0.1 (moto's server), with a bucket; AWS_* set for the processes started."""
     server_module = pytest.importorskip("moto.server", reason="pip install 'moto[server]'")

@@ -352,12 +352,46 @@ def test_bench_ends_with_the_fastest_row_beside_the_baseline_and_the_command_tha
 @pytest.mark.skipif(PACKED is None, reason="no packed format's extra is installed: pip install -e '.[lmdb]'")
 def test_a_pack_dir_that_cannot_be_written_is_refused_before_bench_measures(read_only_folder, tiny_root, tmp_path):
     pack_dir = read_only_folder / "packs"
-    with compose_bench(tiny_root, tmp_path, f"bench.formats=[folder,{PACKED}]", f"bench.pack_dir={pack_dir}") as cfg, \
-            pytest.raises(ConfigError) as refused:
+    with compose_bench(tiny_root, tmp_path, f"bench.formats=[folder,{PACKED}]", f"bench.pack_dir={pack_dir}",
+                       f"bench.short_side={TENSOR_SHORT_SIDE}") as cfg, pytest.raises(ConfigError) as refused:
         bench(cfg, tmp_path)
+    side = TENSOR_SHORT_SIDE if options.facts("format", PACKED).holds_pixels else None
+    pack = pack_path(pack_dir, tree_key(tiny_root), PACKED, side)
     assert re.match(rf"bench.pack_dir={pack_dir}: {read_only_folder} cannot be written \((Read-only file system|"
-                    r"Permission denied)\); pick a folder this user can write$", str(refused.value)), refused.value
+                    rf"Permission denied)\); bench would have to write {pack}: pass a bench.pack_dir this user can "
+                    rf"write, or leave {PACKED} out of bench.formats$", str(refused.value)), refused.value
     assert not (tmp_path / "bench.csv").exists()
+
+
+@pytest.mark.skipif(PACKED is None, reason="no packed format's extra is installed: pip install -e '.[lmdb]'")
+def test_packs_already_on_a_read_only_folder_are_measured_and_only_a_pack_to_write_is_refused(read_only_view,
+                                                                                              tiny_root, tmp_path):
+    """Packs written once and served from a read-only share (NFS, a FUSE mount, a container's layer) are read there;
+    a tree whose pack is not there yet is refused in one line naming that pack."""
+    share = tmp_path / "share"
+    source = Source(root=tiny_root, crop_size=32, val_resize=36, train_crop_size=32, on_error="skip")
+    stores_for(PACKED, source, share, tree_key(tiny_root), TENSOR_SHORT_SIDE)  # packed where the share is writable
+    pack_dir = read_only_view(share)
+    served = sorted(pack_dir.rglob("*"))
+    side = TENSOR_SHORT_SIDE if options.facts("format", PACKED).holds_pixels else None
+    with compose_bench(tiny_root, tmp_path, f"bench.formats=[{PACKED}]", f"bench.decoders=[{FASTEST}]",
+                       "bench.num_workers=[0]", "bench.probe_storage=false", f"bench.short_side={TENSOR_SHORT_SIDE}",
+                       f"bench.pack_dir={pack_dir}") as cfg:
+        rows = bench(cfg, tmp_path)
+    measured = next(row for row in rows if row["format"] == PACKED)
+    assert measured["images_per_s"] > 0
+    assert f"format.path={pack_path(pack_dir, tree_key(tiny_root), PACKED, side)}" in measured["train_with"]
+    assert sorted(pack_dir.rglob("*")) == served
+
+    other = shutil.copytree(tiny_root, tmp_path / "other" / tiny_root.name)  # another data set: no pack of it served
+    next((other / "train").rglob("*.JPEG")).unlink()
+    with compose_bench(other, tmp_path, f"bench.formats=[{PACKED}]", f"bench.short_side={TENSOR_SHORT_SIDE}",
+                       f"bench.pack_dir={pack_dir}") as cfg, pytest.raises(ConfigError) as refused:
+        bench(cfg, tmp_path)
+    assert str(refused.value) == (
+        f"bench.pack_dir={pack_dir}: {pack_dir} cannot be written (Read-only file system); bench would have to write "
+        f"{pack_path(pack_dir, tree_key(other), PACKED, side)}: pass a bench.pack_dir this user can write, or leave "
+        f"{PACKED} out of bench.formats")
 
 
 @pytest.mark.parametrize(("override", "line"), [

@@ -69,16 +69,15 @@ def nearest_existing(path: Path) -> Path:
     return path
 
 
-def check_writable(folder: Path, key: str) -> None:
-    """Refuse, in one line naming `key`, a folder this user cannot write, or make where it does not exist yet (a
-    read-only file system, a folder of another user), before any work that would be lost."""
+def check_writable(folder: Path, key: str, next_step: str) -> None:
+    """Refuse, in one line naming `key` and the `next_step`, a folder this user cannot write, or make where it does
+    not exist yet (a read-only file system, a folder of another user), before any work that would be lost."""
     existing = nearest_existing(folder)
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        raise ConfigError(f"{key}={folder}: {existing} cannot be written ({err.strerror}); pick a folder this user "
-                          "can write") from None
+        raise ConfigError(f"{key}={folder}: {existing} cannot be written ({err.strerror}); {next_step}") from None
 
 
 def free_bytes(path: Path) -> int:

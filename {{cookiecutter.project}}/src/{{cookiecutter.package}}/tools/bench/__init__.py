@@ -23,12 +23,12 @@ from ...data.sources import Source
 from ...data.staging import no_staging
 from ...data.workers import pick_num_workers, work_of
 from .baseline import baseline
-from .checks import checked_source
+from .checks import check_packs_writable, checked_source, pack_for
 from .results import BenchCsv
 from .timing import Timed, time_epochs
 from .report import chart
 from .ceilings import CEILING_FILES, Ceilings, cores_for
-from ..pack import pack, pack_path, tree_key
+from ..pack import pack, tree_key
 from .staged import counted, stagings, timed_staging
 from .storage_probe import probe
 
@@ -69,14 +69,15 @@ def timed_decoders(names: list[str], batch_size: int, device: torch.device) -> t
 
 def format_node(format: str, source: Source, pack_dir: Path, key: str, short_side: int) -> DictConfig:
     """`format`'s config, pointing at its pack of the source tree, whose `tree_key` is `key`, written on first use."""
-    node, facts = OmegaConf.load(options.CONF / "format" / f"{format}.yaml"), options.facts("format", format)
-    if facts.packed:
-        side = short_side if facts.holds_pixels else None
-        node["path"] = str(pack_path(pack_dir, key, format, side))
-        if not Path(node["path"]).exists():
+    node = OmegaConf.load(options.CONF / "format" / f"{format}.yaml")
+    where = pack_for(format, pack_dir, key, short_side)
+    if where is not None:
+        node["path"] = str(where)
+        if not where.exists():
             log.info("format=%s: packing %s into %s, read again by every bench of this tree", format, source.root,
-                     node["path"])
-            pack(source.root, format, Path(node["path"]), side, 90, os.cpu_count() or 1, False, "skip")
+                     where)
+            side = short_side if options.facts("format", format).holds_pixels else None
+            pack(source.root, format, where, side, 90, os.cpu_count() or 1, False, "skip")
     return node
 
 
@@ -186,6 +187,8 @@ def reference_rows(workers: int | str, references: Ceilings, source: Source, set
 def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     options.check(cfg)
     source, settings = checked_source(cfg), cfg.bench
+    pack_dir, key = Path(settings.pack_dir).expanduser(), tree_key(source.root)
+    check_packs_writable(list(settings.formats), pack_dir, key, settings.short_side)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if settings.device == "auto" \
         else torch.device(settings.device)
     names = [name for name in options.options("decoder") if not options.facts("decoder", name).takes_pixels] \
@@ -200,7 +203,6 @@ def bench(cfg: DictConfig, run_dir: Path) -> list[dict]:
     references = Ceilings(source.root, cpu_decoders or {fallback: make_decoder(fallback, settings.batch_size, device, {})},
                           source.train_crop_size)
     written = BenchCsv(run_dir / "bench.csv", cache, device)
-    pack_dir, key = Path(settings.pack_dir).expanduser(), tree_key(source.root)
     nodes = {format: format_node(format, source, pack_dir, key, settings.short_side) for format in settings.formats}
     with stagings(list(settings.stagings)) as stages:
         staged = {(format, name): timed_staging(partial(build(nodes[format]).stores, source), stage, copies)

@@ -11,11 +11,13 @@ from ...core.files import check_writable
 from ...data.format.folder import open_tree
 from ...data.sources import Source
 from ...data.workers import check_worker_count
+from ..pack import pack_path
 
 
 def checked_source(cfg: DictConfig) -> Source:
     """The data set, once everything bench can check before it packs is right: each list and the options it names,
-    the device, and a training split that holds a batch. Each is refused in one line."""
+    the device, and a training split that holds a batch. Each is refused in one line. check_packs_writable follows,
+    once the tree's key is known."""
     source, settings = build(cfg.data), cfg.bench
     if source.root is None:
         built_in = " or ".join(f"data={name}" for name in options.having("data", "built_in"))
@@ -41,6 +43,22 @@ def checked_source(cfg: DictConfig) -> Source:
     if settings.batch_size > training_images:  # no full batch to time, in any loader
         raise ConfigError(f"bench.batch_size={settings.batch_size} is more than the {training_images} training images "
                           f"under {source.root}: pass a smaller bench.batch_size")
-    if any(options.facts("format", format).packed for format in settings.formats):  # packed on first use
-        check_writable(Path(settings.pack_dir).expanduser(), "bench.pack_dir")
     return source
+
+
+def pack_for(format: str, pack_dir: Path, key: str, short_side: int) -> Path | None:
+    """Where bench reads `format`'s pack of the tree whose tree_key is `key`, or None for a format that reads the tree
+    itself."""
+    facts = options.facts("format", format)
+    return pack_path(pack_dir, key, format, short_side if facts.holds_pixels else None) if facts.packed else None
+
+
+def check_packs_writable(formats: list[str], pack_dir: Path, key: str, short_side: int) -> None:
+    """Refuse, in one line, a pack_dir that cannot be written where a pack bench needs is not there yet. Packs that
+    are there are only read, so a read-only share of them (NFS, a FUSE mount, a container's layer) is measured."""
+    missing = {format: pack for format in formats if (pack := pack_for(format, pack_dir, key, short_side))
+               and not pack.exists()}
+    if missing:
+        check_writable(pack_dir, "bench.pack_dir",
+                       f"bench would have to write {', '.join(map(str, missing.values()))}: pass a bench.pack_dir "
+                       f"this user can write, or leave {', '.join(missing)} out of bench.formats")
