@@ -1,8 +1,12 @@
-"""The loggers: each keeps every window's figures as it was given them; on a disk that fills, a write that fails
-names its file and errno, closing never raises over the failure on its way out, and the writer thread's failure
-leaves no traceback on stderr."""
+"""The loggers: each keeps every figure as it was given it, read back as its tracker's charts read it, and draws a
+figure against an axis of its own apart from the steps; on a disk that fills, a write that fails names its file and
+errno, closing never raises over the failure on its way out, and the writer thread's failure leaves no traceback on
+stderr."""
 import csv
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -10,10 +14,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }}.contracts import Axis
 from {{ cookiecutter.package }}.core import failures
 from {{ cookiecutter.package }}.core.config import build
 from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.files import WriteError
+from {{ cookiecutter.package }}.diagnosis.ranks import spread
+from {{ cookiecutter.package }}.loop.clock import Window
 from {{ cookiecutter.package }}.loop.logger import csv_table, jsonl, tensorboard
 
 from helpers.full_disk import fill
@@ -22,39 +29,101 @@ from helpers.paths import CONF
 
 # Two windows, the second with a figure the first lacks, as validation's top-1 arrives at an epoch's end.
 WINDOWS = {20: {"train/loss": 2.0, "time/data_ms": 3.0}, 40: {"train/loss": 1.5, "time/data_ms": 2.5, "val/top1": 40.0}}
+ELAPSED = "time/elapsed_s"
 
 
-def tensorboard_figures(run_dir, logger) -> dict:
+def two_epochs() -> list[tuple[dict[str, float], int, Axis | None]]:
+    """The calls train.py makes to its logger over two epochs of 4 steps on 2 processes, in its order: the set-up
+    time; a window every 2 steps, then the ranks' spread at the same step; at each epoch's end, validation's top-1,
+    then the same top-1 against the run's seconds. Every figure is exact in float32, as TensorBoard keeps it."""
+    calls = [({"time/setup_s": 3.0}, 0, None)]
+    for step in (2, 4, 6, 8):
+        ranks = [Window(steps=2, images=8, wall_s=1.0, data_s=step / 8), Window(steps=2, images=8, wall_s=1.0)]
+        calls += [({"train/loss": 2.0 - step / 16, "time/data_ms": 5.0 * step}, step, None), (spread(ranks), step, None)]
+        if step % 4 == 0:
+            calls += [({"val/top1": 10.0 * step}, step, None),
+                      ({"val/top1_by_second": 10.0 * step}, step, Axis(tag=ELAPSED, value=25.0 * step))]
+    return calls
+
+
+def per_step(rows: list[dict]) -> dict[str, dict[int, float]]:
+    """Rows of a table, `step` among their columns, as each figure by step."""
+    series = {}
+    for row in rows:
+        for tag, value in row.items():
+            if tag != "step" and value != "":
+                series.setdefault(tag, {})[int(row["step"])] = float(value)
+    return series
+
+
+CALLS = two_epochs()
+STEPS = {step for _, step, _ in CALLS}
+SERIES = per_step([{"step": step, **values} for values, step, axis in CALLS if axis is None])  # each figure by step
+BY_TIME = {axis.value: values["val/top1_by_second"] for values, _, axis in CALLS if axis is not None}
+
+
+def tensorboard_figures(run_dir, logger) -> tuple[dict, dict]:
+    """Each tag's events against its steps, as TensorBoard's scalar charts read the event files; the top-1 against
+    time is the tag whose steps are the run's seconds."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run_dir / "tb"))
     events.Reload()
-    return {(event.step, tag): event.value for tag in events.Tags()["scalars"] for event in events.Scalars(tag)}
+    series = {tag: {event.step: event.value for event in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+    return series, series.pop("val/top1_by_second", {})
 
 
-def table_figures(run_dir, logger) -> dict:
+def table_figures(run_dir, logger) -> tuple[dict, dict]:
+    """The table as csv.DictReader reads it: each column by the `step` column; top-1 against the seconds column."""
     with (run_dir / "scalars.csv").open(newline="") as file:
-        return {(int(row["step"]), tag): float(value) for row in csv.DictReader(file)
-                for tag, value in row.items() if tag != "step" and value != ""}
+        rows = list(csv.DictReader(file))
+    return per_step(rows), {float(row[ELAPSED]): float(row["val/top1_by_second"]) for row in rows
+                            if row.get("val/top1_by_second")}
 
 
-def json_figures(run_dir, logger) -> dict:
+def json_figures(run_dir, logger) -> tuple[dict, dict]:
     lines = [json.loads(line) for line in (run_dir / "scalars.jsonl").read_text().splitlines()]
-    return {(line["step"], tag): value for line in lines for tag, value in line.items() if tag != "step"}
+    return per_step(lines), {line[ELAPSED]: line["val/top1_by_second"] for line in lines if "val/top1_by_second" in line}
 
 
-def wandb_figures(run_dir, logger) -> dict:
-    """W&B's summary of the run: each figure's last value, at the step it was logged at (an offline run's history is
-    in a binary file only W&B's own service reads)."""
-    last = {tag: max(step for step, values in WINDOWS.items() if tag in values) for tag in WINDOWS[40]}
-    return {(last[tag], tag): logger.run.summary[tag] for tag in last}
+def wandb_records(run_dir) -> list[dict]:
+    """The records of the run folder's offline W&B runs, oldest first, as W&B's own reader of a run's transaction
+    log (run-*.wandb) prints them: history rows, define_metric's axes, the exit."""
+    records = []
+    for run in sorted((run_dir / "wandb").glob("offline-run-*")):
+        printed = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run)],
+                                 capture_output=True, text=True, timeout=120, env={**os.environ, "WANDB_MODE": "offline"})
+        if printed.returncode != 0 and "No such" in printed.stderr:
+            pytest.skip("reading an offline W&B run back needs `wandb leet inspect --json`: pip install -U wandb")
+        assert printed.returncode == 0, printed.stderr
+        records += [json.loads(line) for line in printed.stdout.splitlines()]
+    return records
 
 
-def mlflow_figures(run_dir, logger) -> dict:
-    """Every value of the run's metric histories, read from the store in the run folder by MLflow's own client."""
+def wandb_figures(run_dir, logger) -> tuple[dict, dict]:
+    """W&B's history as its charts read it: each figure against its row's step, or against the figure that
+    define_metric named its step_metric."""
+    records = wandb_records(run_dir)
+    axes = {record["metric"]["name"]: record["metric"]["step_metric"] for record in records
+            if record["type"] == "metric" and record["metric"].get("step_metric")}
+    series, by_time = {}, {}
+    for record in records:
+        row = record["history"]["item"] if record["type"] == "history" else {}
+        for tag, value in row.items():
+            if tag in axes:
+                by_time[row[axes[tag]]] = value
+            elif not tag.startswith("_"):  # W&B's own: _step, _runtime, _timestamp
+                series.setdefault(tag, {})[row["_step"]] = value
+    return series, by_time
+
+
+def mlflow_figures(run_dir, logger) -> tuple[dict, dict]:
+    """Every value of the run's metric histories, read from the store in the run folder by MLflow's own client; the
+    top-1 against time is the metric whose steps are the run's seconds."""
     history = logger.client.get_metric_history
-    return {(metric.step, tag): metric.value for tag in logger.client.get_run(logger.run_id).data.metrics
-            for metric in history(logger.run_id, tag)}
+    series = {tag: {metric.step: metric.value for metric in history(logger.run_id, tag)}
+              for tag in logger.client.get_run(logger.run_id).data.metrics}
+    return series, series.pop("val/top1_by_second", {})
 
 
 READ_BACK = {"tensorboard": tensorboard_figures, "csv": table_figures, "jsonl": json_figures, "wandb": wandb_figures,
@@ -66,19 +135,19 @@ def test_every_logger_has_a_way_to_read_it_back_here():
 
 
 @pytest.mark.parametrize("option", installed("logger", sorted(READ_BACK)))
-def test_every_logger_keeps_each_windows_figures(option, tmp_path):
+def test_every_logger_keeps_every_series_and_top1_against_time_on_an_axis_of_its_own(option, tmp_path):
+    """Every window, the ranks' spread, validation's top-1 at every epoch, read back as the tracker's charts read
+    them; the top-1 against the run's seconds on an axis of its own, and no second on the steps' axis."""
     logger = build(OmegaConf.load(CONF / "logger" / f"{option}.yaml"), run_dir=tmp_path)
-    for step, values in WINDOWS.items():
-        logger.scalars(values, step)
-    given = {(step, tag): value for step, values in WINDOWS.items() for tag, value in values.items()}
-    if option == "wandb":  # its summary, read while the run is open
-        given = {key: value for key, value in given.items() if key in wandb_figures(tmp_path, logger)}
-        assert wandb_figures(tmp_path, logger) == given and len(given) == 3
-        logger.close()
-        assert any((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))  # offline, in the run folder
-        return
+    for values, step, axis in CALLS:
+        logger.scalars(values, step, axis)
     logger.close()
-    assert READ_BACK[option](tmp_path, logger) == given
+    series, by_time = READ_BACK[option](tmp_path, logger)
+    assert {tag: series.get(tag) for tag in SERIES} == SERIES
+    assert {step for points in series.values() for step in points} <= STEPS
+    assert by_time == BY_TIME == {100.0: 40.0, 200.0: 80.0}
+    if option == "wandb":
+        assert any((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))  # offline, in the run folder
 
 
 @pytest.mark.full  # MLflow's store set up twice, 2 s
@@ -93,7 +162,7 @@ def test_a_resumed_run_goes_on_in_the_mlflow_run_its_folder_started(option, tmp_
     again.close()
     assert again.run_id == first.run_id == (tmp_path / "mlflow-run-id").read_text()
     assert (tmp_path / "mlruns.db").is_file()
-    assert mlflow_figures(tmp_path, again) == {(10, "train/loss"): 2.0, (20, "train/loss"): 1.0}
+    assert mlflow_figures(tmp_path, again)[0] == {"train/loss": {10: 2.0, 20: 1.0}}
 
 
 @pytest.mark.full  # two W&B runs started, 3 s

@@ -42,10 +42,13 @@ def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_
 
 def test_training_top1_is_logged_per_window_and_the_epochs_is_reported_beside_validations_chance(train_in_process,
                                                                                                   caplog):
-    """3 classes: the validation line gives the chance level, 33.33%, and no top-5, which every image would hit."""
+    """3 classes: the validation line gives the chance level, 33.33%, and no top-5, which every image would hit.
+    Validation's top-1 against the run's seconds is logged at its step, the seconds beside it."""
     caplog.set_level(logging.INFO)
     summary = train_in_process("logger=jsonl")
     windows = [json.loads(line) for line in (train_in_process.run_dir / "scalars.jsonl").read_text().splitlines()]
+    (by_time,) = [window for window in windows if "val/top1_by_second" in window]
+    assert by_time == {"step": 6, "val/top1_by_second": summary.val_top1, "time/elapsed_s": summary.best_top1["at_s"]}
     top1s = [window["train/top1"] for window in windows if "train/top1" in window]
     assert len(top1s) == 3  # 6 steps, a window every 2 steps of 4 images
     assert summary.train_top1 == pytest.approx(sum(top1s) / 3) and (summary.classes, summary.val_top5) == (

@@ -21,6 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
 from . import options
+from .contracts import Axis
 from .core import distributed, failures, faults
 from .core import record as run_record
 from .core.config import build, chosen_keys
@@ -173,8 +174,8 @@ def validate(run: Run) -> tuple[float, float | None]:
     classes = len(run.loaders.classes)
     top5 = top5 if shows_top5(classes) else None
     run.logger.scalars({"val/top1": top1, **({"val/top5": top5} if top5 is not None else {})}, run.progress.step)
-    seconds = run.accuracy.add(top1, run.progress.epoch)
-    run.logger.scalars({"val/top1_by_second": top1}, round(seconds))  # top-1 against wall time, its step a second
+    seconds = run.accuracy.add(top1, run.progress.epoch)  # since the run's start: runs compare by time to accuracy
+    run.logger.scalars({"val/top1_by_second": top1}, run.progress.step, Axis(tag="time/elapsed_s", value=seconds))
     trained = run.meter.epoch_top1(run.world)
     log.info("epoch %d step %d: val top-1 %.2f%% (chance %.2f%%)%s%s", run.progress.epoch, run.progress.step, top1,
              100 / classes,

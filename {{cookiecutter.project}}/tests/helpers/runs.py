@@ -121,8 +121,8 @@ BAD_INPUT = {
 
 def logged_windows(run_dir: Path) -> list[dict]:
     """The logging windows logger=jsonl has written so far, each with every scalar logged at its step: the rank
-    spread is a line of its own after the window's (the setup time is no window, nor the top-1 by wall time, whose
-    step is the run's second)."""
+    spread is a line of its own after the window's (the setup time is no window, nor the top-1 against the run's
+    seconds)."""
     path = run_dir / "scalars.jsonl"
     windows = {}
     for line in path.read_text().splitlines() if path.exists() else []:

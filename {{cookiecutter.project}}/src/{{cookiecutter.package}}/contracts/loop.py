@@ -61,11 +61,22 @@ class Exporter(Protocol):
     def load(self, path: Path) -> Callable[[torch.Tensor], torch.Tensor]: ...
 
 
-class Logger(Protocol):
-    """Where each logging window's figures go. A write that fails raises `core.files.WriteError`, naming the file;
-    `close` runs on every way out of the run, a failure's included, and logs what it cannot write instead."""
+@dataclass(frozen=True, kw_only=True)
+class Axis:
+    """An x axis other than the step, for figures plotted against it (validation's top-1 against the run's seconds):
+    the figure it is and its value at this point."""
+    tag: str
+    value: float
 
-    def scalars(self, values: dict[str, float], step: int) -> None: ...
+
+class Logger(Protocol):
+    """Where each logging window's figures go. Each figure is at the run's step (its optimizer steps so far), the x
+    axis they all share, unless the call gives an `axis` of its own, which each logger draws as its tracker charts
+    one, never as the step. Several calls may come at one step (the window's, the ranks', validation's); every
+    figure of each is kept. A write that fails raises `core.files.WriteError`, naming the file; `close` runs on every
+    way out of the run, a failure's included, and logs what it cannot write instead."""
+
+    def scalars(self, values: dict[str, float], step: int, axis: Axis | None = None) -> None: ...
 
     def close(self) -> None: ...
 

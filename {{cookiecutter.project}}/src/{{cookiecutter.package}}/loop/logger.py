@@ -1,5 +1,6 @@
 """Where the per-window numbers go: TensorBoard, a CSV table (`logger=csv`), Weights & Biases (`logger=wandb`), MLflow
-(`logger=mlflow`), JSON lines (`logger=jsonl`), or nowhere (`logger=none`); each a `Logger` (contracts/)."""
+(`logger=mlflow`), JSON lines (`logger=jsonl`), or nowhere (`logger=none`); each a `Logger` (contracts/), which keeps
+every figure it is given and draws a figure given an `Axis` against that axis, as its tracker charts one."""
 import csv
 import json
 import logging
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..contracts import Logger
+from ..contracts import Axis, Logger
 from ..core.errors import ConfigError
 from ..core.files import WriteError, write_atomic, write_failure, writing
 
@@ -34,7 +35,7 @@ LAYOUT = {
 class NullLogger:
     """Logs nothing: `logger=none`, and every process but the first."""
 
-    def scalars(self, values: dict[str, float], step: int) -> None:
+    def scalars(self, values: dict[str, float], step: int, axis: Axis | None = None) -> None:
         pass
 
     def close(self) -> None:
@@ -51,6 +52,11 @@ def closing(path: Path) -> Iterator[None]:
         log.error("could not write %s: %s", path, write_failure(path, err))
 
 
+def row(values: dict[str, float], step: int, axis: Axis | None) -> dict[str, float]:
+    """A call's figures as one row of a table, `step` first, and the axis's figure where the call gives one."""
+    return {"step": step, **values, **({axis.tag: axis.value} if axis else {})}
+
+
 class TensorBoardLogger:
     def __init__(self, log_dir: Path):
         from torch.utils.tensorboard import SummaryWriter
@@ -60,11 +66,14 @@ class TensorBoardLogger:
             self.writer = SummaryWriter(str(log_dir))
             self.writer.add_custom_scalars(LAYOUT)
 
-    def scalars(self, values: dict[str, float], step: int) -> None:
+    def scalars(self, values: dict[str, float], step: int, axis: Axis | None = None) -> None:
+        # A TensorBoard chart plots one tag against that tag's own steps: a figure against another axis takes the
+        # axis's values, rounded, as its steps, and no other tag shares them.
+        at = step if axis is None else round(axis.value)
         # The writer's thread writes; a write it failed is raised here, at the next call.
         with writing(self.log_dir):
             for tag, value in values.items():
-                self.writer.add_scalar(tag, value, step)
+                self.writer.add_scalar(tag, value, at)
 
     def close(self) -> None:
         with closing(self.log_dir):
@@ -73,16 +82,16 @@ class TensorBoardLogger:
 
 class JsonLinesLogger:
     """One JSON object per call, `{"step": ..., tag: value, ...}`, flushed at once: for a program that follows a
-    run while it goes, as tune does its trials."""
+    run while it goes, as tune does its trials. A call with an axis adds the axis's figure to its object."""
 
     def __init__(self, path: Path):
         self.path = path
         with writing(path):
             self.file = path.open("a")
 
-    def scalars(self, values: dict[str, float], step: int) -> None:
+    def scalars(self, values: dict[str, float], step: int, axis: Axis | None = None) -> None:
         with writing(self.path):
-            self.file.write(json.dumps({"step": step, **values}) + "\n")
+            self.file.write(json.dumps(row(values, step, axis)) + "\n")
             self.file.flush()
 
     def close(self) -> None:
@@ -91,10 +100,12 @@ class JsonLinesLogger:
 
 
 class CsvLogger:
-    """One row per logging window, `step` first and a column per figure: the wide table a spreadsheet or
-    pandas.read_csv opens. A figure first logged after the first window (validation's, at an epoch's end) widens the
-    table, and the file is then written anew, whole, under a temporary name; otherwise each row is appended and
-    flushed at once. A resumed run goes on after the rows its folder's file holds."""
+    """One row per call (the window's, the ranks', validation's), `step` first and a column per figure: the wide table
+    a spreadsheet or pandas.read_csv opens. A figure against another axis has the axis's figure beside it, in a
+    column of its own (top-1 and `time/elapsed_s`), so `step` holds only steps. A figure first logged after the first
+    window (validation's, at an epoch's end) widens the table, and the file is then written anew, whole, under a
+    temporary name; otherwise each row is appended and flushed at once. A resumed run goes on after the rows its
+    folder's file holds."""
 
     def __init__(self, path: Path):
         self.path, self.columns, self.rows = path, ["step"], []
@@ -120,17 +131,17 @@ class CsvLogger:
         self.file.close()
         self.file = self.path.open("a", newline="")
 
-    def scalars(self, values: dict[str, float], step: int) -> None:
-        row = {"step": step, **values}
-        self.rows.append(row)
-        new = [tag for tag in values if tag not in self.columns]
+    def scalars(self, values: dict[str, float], step: int, axis: Axis | None = None) -> None:
+        line = row(values, step, axis)
+        self.rows.append(line)
+        new = [tag for tag in line if tag not in self.columns]
         self.columns += new
         self.stale = self.stale or bool(new)
         with writing(self.path):
             if self.stale:
                 self.write_anew()
             else:
-                csv.DictWriter(self.file, self.columns).writerow(row)
+                csv.DictWriter(self.file, self.columns).writerow(line)
                 self.file.flush()
 
     def close(self) -> None:
@@ -157,7 +168,10 @@ def kept_run_id(path: Path, new_id) -> str:
 class WandbLogger:
     """A Weights & Biases run whose files stay in the run folder (`wandb/`). `mode=auto` logs online where an API key
     is set (WANDB_API_KEY) and offline elsewhere, as on a cluster without internet: `wandb sync <run folder>/wandb`
-    uploads it later. A resumed run goes on in the W&B run its folder started (its id kept in `wandb-run-id`)."""
+    uploads it later. A resumed run goes on in the W&B run its folder started (its id kept in `wandb-run-id`).
+
+    Each step is one row of the run's history, gathered from the calls at that step; a figure against another axis
+    is charted against that axis's figure, which its row holds (define_metric's step_metric)."""
 
     def __init__(self, run_dir: Path, project: str, mode: str):
         import wandb
@@ -174,9 +188,17 @@ class WandbLogger:
         except wandb.errors.Error as err:  # no API key, no network: the run would log nowhere
             raise ConfigError(f"logger=wandb could not start a run in mode {mode} ({str(err).splitlines()[0]}): "
                               "pass logger.mode=offline, whose run wandb sync uploads later") from None
+        self.against_axis: set[str] = set()  # the figures whose charts define_metric has given their axis
 
-    def scalars(self, values: dict[str, float], step: int) -> None:
-        self.run.log(values, step=step, commit=True)  # the window's row is whole: W&B need not wait for more
+    def scalars(self, values: dict[str, float], step: int, axis: Axis | None = None) -> None:
+        if axis is not None:
+            for tag in values.keys() - self.against_axis:
+                self.run.define_metric(tag, step_metric=axis.tag)
+            self.against_axis |= values.keys()
+            values = {**values, axis.tag: axis.value}
+        # Not committed: W&B ignores a figure logged at a step it has written, so the step's row waits for the other
+        # calls at that step and is written when a later step, or the run's end, comes.
+        self.run.log(values, step=step, commit=False)
 
     def close(self) -> None:
         self.run.finish()
@@ -204,9 +226,12 @@ class MlflowLogger:
             raise ConfigError(f"logger=mlflow could not start a run at {uri} ({str(err).strip().splitlines()[0]}): "
                               "pass logger.tracking_uri=null, a store in the run folder, or a server it reaches") from None
 
-    def scalars(self, values: dict[str, float], step: int) -> None:
+    def scalars(self, values: dict[str, float], step: int, axis: Axis | None = None) -> None:
+        # MLflow keeps each metric's history on steps of its own: a figure against another axis takes the axis's
+        # values, rounded, as its steps, and no other metric shares them.
+        at = step if axis is None else round(axis.value)
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, [self.metric(tag, float(value), now, step) for tag, value in values.items()])
+        self.client.log_batch(self.run_id, [self.metric(tag, float(value), now, at) for tag, value in values.items()])
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
