@@ -64,7 +64,7 @@ def check_schedule(schedule, cfg, tmp_path, option):
 
 def check_logger(logger, cfg, tmp_path, option):
     logger.scalars({"train/loss": 1.5}, 1)
-    logger.close()
+    logger.close("finished")
     assert any((tmp_path / "tb").glob("events.*")) == (option == "tensorboard")
 
 

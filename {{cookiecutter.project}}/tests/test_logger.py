@@ -2,9 +2,11 @@
 figure against an axis of its own apart from the steps; on a disk that fills, a write that fails names its file and
 errno, closing never raises over the failure on its way out, and the writer thread's failure leaves no traceback on
 stderr."""
+import contextlib
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -14,14 +16,18 @@ import pytest
 from omegaconf import OmegaConf
 
 from {{ cookiecutter.package }} import options
+from {{ cookiecutter.package }} import train as train_module
 from {{ cookiecutter.package }}.contracts import Axis
 from {{ cookiecutter.package }}.core import failures
 from {{ cookiecutter.package }}.core.config import build
 from {{ cookiecutter.package }}.core.errors import ConfigError
+from {{ cookiecutter.package }}.core.faults import InjectedFault
 from {{ cookiecutter.package }}.core.files import WriteError
 from {{ cookiecutter.package }}.diagnosis.ranks import spread
 from {{ cookiecutter.package }}.loop.clock import Window
-from {{ cookiecutter.package }}.loop.logger import csv_table, jsonl, tensorboard
+from {{ cookiecutter.package }}.loop import logger as logger_module
+from {{ cookiecutter.package }}.loop.logger import NullLogger, csv_table, jsonl, tensorboard
+from {{ cookiecutter.package }}.train import step as train_step
 
 from helpers.full_disk import fill
 from helpers.machines import installed
@@ -141,7 +147,7 @@ def test_every_logger_keeps_every_series_and_top1_against_time_on_an_axis_of_its
     logger = build(OmegaConf.load(CONF / "logger" / f"{option}.yaml"), run_dir=tmp_path)
     for values, step, axis in CALLS:
         logger.scalars(values, step, axis)
-    logger.close()
+    logger.close("finished")
     series, by_time = READ_BACK[option](tmp_path, logger)
     assert {tag: series.get(tag) for tag in SERIES} == SERIES
     assert {step for points in series.values() for step in points} <= STEPS
@@ -150,16 +156,73 @@ def test_every_logger_keeps_every_series_and_top1_against_time_on_an_axis_of_its
         assert any((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))  # offline, in the run folder
 
 
+def wandb_ending(run_dir, logger) -> tuple[int, bool]:
+    """The exit code in the W&B run's transaction log, and whether it was marked preempting: W&B's server names a run
+    finished for 0, failed for another code, and preempted for another code after a preempting mark."""
+    records = wandb_records(run_dir)
+    (ended,) = [record["exit"] for record in records if record["type"] == "exit"]
+    return ended.get("exit_code", 0), any(record["type"] == "preempting" for record in records)
+
+
+def mlflow_ending(run_dir, logger) -> str:
+    return logger.client.get_run(logger.run_id).info.status
+
+
+ENDINGS = {"wandb": (wandb_ending, {"finished": (0, False), "failed": (1, False), "stopped": (143, True)}),
+           "mlflow": (mlflow_ending, {"finished": "FINISHED", "failed": "FAILED", "stopped": "KILLED"})}
+
+
+@pytest.mark.parametrize("option", installed("logger", sorted(ENDINGS)))
+def test_a_trackers_run_is_marked_finished_failed_or_stopped_as_it_ended(option, tmp_path):
+    node = OmegaConf.load(CONF / "logger" / f"{option}.yaml")
+    if option == "mlflow":
+        node.tracking_uri = f"sqlite:///{tmp_path / 'mlruns.db'}"  # one store for the three runs: set up once
+    read, expected = ENDINGS[option]
+    ended = {}
+    for outcome in expected:
+        run_dir = tmp_path / outcome
+        run_dir.mkdir()
+        logger = build(node, run_dir=run_dir)
+        logger.scalars({"train/loss": 1.0}, 2)
+        logger.close(outcome)
+        ended[outcome] = read(run_dir, logger)
+    assert ended == expected
+
+
+@pytest.mark.parametrize("ending", ["finished", "failed", "stopped"])
+def test_train_tells_its_logger_how_the_run_ended(ending, train_in_process, monkeypatch):
+    """Two steps then validation; an injected failure at the first image; a SIGTERM at the first step, after which
+    the run stops at its window's end, its checkpoint saved."""
+    told = []
+
+    class Told(NullLogger):
+        def close(self, outcome: str) -> None:
+            told.append(outcome)
+
+    def preempted(run, loss):
+        os.kill(os.getpid(), signal.SIGTERM)
+        train_step(run, loss)
+
+    monkeypatch.setattr(logger_module, "none", lambda run_dir: Told())  # what logger=none builds
+    if ending == "stopped":
+        monkeypatch.setattr(train_module, "step", preempted)
+        monkeypatch.setattr(sys, "argv", ["train.py"])  # pytest's own is no command line the resume line can name
+    faults = ["faults.worker_error_at=1"] if ending == "failed" else []
+    with pytest.raises(InjectedFault) if ending == "failed" else contextlib.nullcontext():
+        train_in_process("logger=none", "train.max_steps=2", *faults)
+    assert told == [ending]
+
+
 @pytest.mark.full  # MLflow's store set up twice, 2 s
 @pytest.mark.parametrize("option", installed("logger", ["mlflow"]))
 def test_a_resumed_run_goes_on_in_the_mlflow_run_its_folder_started(option, tmp_path):
     node = OmegaConf.load(CONF / "logger" / f"{option}.yaml")
     first = build(node, run_dir=tmp_path)
     first.scalars({"train/loss": 2.0}, 10)
-    first.close()
+    first.close("finished")
     again = build(node, run_dir=tmp_path)
     again.scalars({"train/loss": 1.0}, 20)
-    again.close()
+    again.close("finished")
     assert again.run_id == first.run_id == (tmp_path / "mlflow-run-id").read_text()
     assert (tmp_path / "mlruns.db").is_file()
     assert mlflow_figures(tmp_path, again)[0] == {"train/loss": {10: 2.0, 20: 1.0}}
@@ -174,7 +237,7 @@ def test_a_resumed_run_goes_on_in_the_wandb_run_its_folder_started(option, tmp_p
         logger = build(node, run_dir=tmp_path)
         logger.scalars({"train/loss": 1.0}, step)
         ids.append(logger.run.id)
-        logger.close()
+        logger.close("finished")
     assert ids[0] == ids[1] == (tmp_path / "wandb-run-id").read_text()
     offline = sorted(path.name for path in (tmp_path / "wandb").glob("offline-run-*"))
     assert len(offline) == 2 and all(ids[0] in name for name in offline), offline  # wandb sync joins them by id
@@ -212,11 +275,11 @@ def test_wandb_online_without_an_api_key_is_refused_in_one_line_naming_offline(o
 def test_a_resumed_runs_csv_goes_on_after_the_rows_it_holds_and_widens_for_new_figures(tmp_path):
     first = csv_table(tmp_path, "scalars.csv")
     first.scalars(WINDOWS[20], 20)
-    first.close()
+    first.close("finished")
     resumed = csv_table(tmp_path, "scalars.csv")
     resumed.scalars(WINDOWS[40], 40)  # val/top1 is new: the table is written anew, whole
     resumed.scalars({"train/loss": 1.0}, 60)
-    resumed.close()
+    resumed.close("finished")
     rows = list(csv.DictReader((tmp_path / "scalars.csv").open(newline="")))
     assert list(rows[0]) == ["step", "train/loss", "time/data_ms", "val/top1"]
     assert [(row["step"], row["train/loss"], row["val/top1"]) for row in rows] == [("20", "2.0", ""), ("40", "1.5", "40.0"),
@@ -259,7 +322,7 @@ def test_a_logger_whose_disk_fills_names_its_file_and_errno_and_closes_without_r
     fill(full_disk)
     err = failed_write(logger)
     assert str(err).startswith(f"could not write {full_disk / written}: No space left on device (ENOSPC; ")
-    logger.close()  # what it still held cannot be written either: logged, not raised
+    logger.close("failed")  # what it still held cannot be written either: logged, not raised
     assert any(record.levelname == "ERROR" and record.getMessage().startswith(f"could not write {full_disk / written}")
                for record in caplog.records), caplog.text
     stderr = capsys.readouterr().err

@@ -213,11 +213,14 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
     run_record.keep_resume()  # once the run is built: a value refused while building it must not come back
     run.setup = {"total_s": time.perf_counter() - began, **run.loaders.setup}  # data, workers=auto, model, compile
     run.logger.scalars({"time/setup_s": run.setup["total_s"]}, run.progress.step)
+    outcome = "failed"  # until the epochs end, or a stop request ends them with the checkpoint saved
     try:
         with forensics.watching(run.stop):
             top1, top5 = run_epochs(run, cfg.train.epochs)
+        outcome = "finished"
     except Preempted as stop:
         run.checkpoints.save(run.parts())
+        outcome = "stopped"
         log.info("stopped by %s at step %d (epoch %d, %d images into it); checkpoint saved: continue with %s", stop,
                  run.progress.step, run.progress.epoch, run.progress.images_in_epoch,
                  run_record.resume_command(run_dir))
@@ -225,9 +228,9 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
     except BaseException as err:
         keep_progress(run, err)
         raise
-    finally:  # every way out: the sampler thread and the TensorBoard writer end here
+    finally:  # every way out: the sampler thread and the TensorBoard writer end here, the tracker's run marked so
         run.clock.close()
-        run.logger.close()
+        run.logger.close(outcome)
     summary = summarize(run, cfg, top1, top5, HydraConfig.get())
     if world.is_main:
         summary.write(run_dir / "summary.json")

@@ -27,8 +27,9 @@ labels): workers produce uint8 HWC crops (or encoded bytes, for GPU decoders) an
 """
 from .data import (Augment, Batch, Box, Crop, Decoder, EpochOrder, Format, Layout, Order, Prefetcher, ResumableLoader,
                    Run, Staging, Store, Stores, Trace, Uploader)
-from .loop import Axis, Exporter, Logger, Network, Preprocessing, Pretrained, Profiler, Schedule, Stateful
+from .loop import (Axis, Exporter, Logger, Network, Outcome, Preprocessing, Pretrained, Profiler, Schedule,
+                   Stateful)
 
 __all__ = ["Augment", "Axis", "Batch", "Box", "Crop", "Decoder", "EpochOrder", "Exporter", "Format", "Layout",
-           "Logger", "Network", "Order", "Prefetcher", "Preprocessing", "Pretrained", "Profiler", "ResumableLoader",
-           "Run", "Schedule", "Staging", "Stateful", "Store", "Stores", "Trace", "Uploader"]
+           "Logger", "Network", "Order", "Outcome", "Prefetcher", "Preprocessing", "Pretrained", "Profiler",
+           "ResumableLoader", "Run", "Schedule", "Staging", "Stateful", "Store", "Stores", "Trace", "Uploader"]

@@ -4,7 +4,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 
@@ -69,16 +69,22 @@ class Axis:
     value: float
 
 
+# How a run ended, as its logger is told at `close`: its epochs (or train.max_steps) done; a failure; or a stop request
+# (a preemption's SIGTERM, a Ctrl-C) that ended it with a checkpoint saved, from which `resume=auto` carries on.
+Outcome = Literal["finished", "failed", "stopped"]
+
+
 class Logger(Protocol):
     """Where each logging window's figures go. Each figure is at the run's step (its optimizer steps so far), the x
     axis they all share, unless the call gives an `axis` of its own, which each logger draws as its tracker charts
     one, never as the step. Several calls may come at one step (the window's, the ranks', validation's); every
     figure of each is kept. A write that fails raises `core.files.WriteError`, naming the file; `close` runs on every
-    way out of the run, a failure's included, and logs what it cannot write instead."""
+    way out of the run, a failure's included, marks the tracker's run as it ended (`Outcome`), and logs what it
+    cannot write instead."""
 
     def scalars(self, values: dict[str, float], step: int, axis: Axis | None = None) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, outcome: Outcome) -> None: ...
 
 
 class Profiler(Protocol):

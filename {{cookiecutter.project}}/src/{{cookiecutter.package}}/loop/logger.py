@@ -1,17 +1,19 @@
 """Where the per-window numbers go: TensorBoard, a CSV table (`logger=csv`), Weights & Biases (`logger=wandb`), MLflow
 (`logger=mlflow`), JSON lines (`logger=jsonl`), or nowhere (`logger=none`); each a `Logger` (contracts/), which keeps
-every figure it is given and draws a figure given an `Axis` against that axis, as its tracker charts one."""
+every figure it is given and draws a figure given an `Axis` against that axis, as its tracker charts one. W&B and
+MLflow mark their run as it ended (`Outcome`); the files keep no such mark."""
 import csv
 import json
 import logging
 import os
 import secrets
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..contracts import Axis, Logger
+from ..contracts import Axis, Logger, Outcome
 from ..core.errors import ConfigError
 from ..core.files import WriteError, write_atomic, write_failure, writing
 
@@ -38,7 +40,7 @@ class NullLogger:
     def scalars(self, values: dict[str, float], step: int, axis: Axis | None = None) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, outcome: Outcome) -> None:
         pass
 
 
@@ -75,7 +77,7 @@ class TensorBoardLogger:
             for tag, value in values.items():
                 self.writer.add_scalar(tag, value, at)
 
-    def close(self) -> None:
+    def close(self, outcome: Outcome) -> None:
         with closing(self.log_dir):
             self.writer.close()
 
@@ -94,7 +96,7 @@ class JsonLinesLogger:
             self.file.write(json.dumps(row(values, step, axis)) + "\n")
             self.file.flush()
 
-    def close(self) -> None:
+    def close(self, outcome: Outcome) -> None:
         with closing(self.path):
             self.file.close()
 
@@ -144,7 +146,7 @@ class CsvLogger:
                 csv.DictWriter(self.file, self.columns).writerow(line)
                 self.file.flush()
 
-    def close(self) -> None:
+    def close(self, outcome: Outcome) -> None:
         with closing(self.path):
             self.file.close()
         if self.stale:  # a write failed: one more try, and what is still missing is said, not raised
@@ -171,7 +173,12 @@ class WandbLogger:
     uploads it later. A resumed run goes on in the W&B run its folder started (its id kept in `wandb-run-id`).
 
     Each step is one row of the run's history, gathered from the calls at that step; a figure against another axis
-    is charted against that axis's figure, which its row holds (define_metric's step_metric)."""
+    is charted against that axis's figure, which its row holds (define_metric's step_metric). The run ends with an
+    exit code, which W&B reads as finished (0) or failed; a stopped run is marked preempting first, which W&B turns
+    into preempted."""
+
+    # A stopped run's code is that of a process ended by SIGTERM, as a preemption ends one.
+    EXIT_CODES = {"finished": 0, "failed": 1, "stopped": 128 + signal.SIGTERM}
 
     def __init__(self, run_dir: Path, project: str, mode: str):
         import wandb
@@ -200,14 +207,19 @@ class WandbLogger:
         # calls at that step and is written when a later step, or the run's end, comes.
         self.run.log(values, step=step, commit=False)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, outcome: Outcome) -> None:
+        if outcome == "stopped":
+            self.run.mark_preempting()
+        self.run.finish(exit_code=self.EXIT_CODES[outcome])
 
 
 class MlflowLogger:
     """An MLflow run, in a SQLite store in the run folder (`mlruns.db`) unless logger.tracking_uri names a server or
     another store: nothing leaves the machine by default. A resumed run goes on in the MLflow run its folder started
-    (its id kept in `mlflow-run-id`), so that one curve spans the restarts."""
+    (its id kept in `mlflow-run-id`), so that one curve spans the restarts. A stopped run ends KILLED, the status
+    MLflow has for a run ended before it was done."""
+
+    STATUSES = {"finished": "FINISHED", "failed": "FAILED", "stopped": "KILLED"}
 
     def __init__(self, run_dir: Path, experiment: str, tracking_uri: str | None):
         import mlflow
@@ -233,8 +245,8 @@ class MlflowLogger:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, [self.metric(tag, float(value), now, at) for tag, value in values.items()])
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, outcome: Outcome) -> None:
+        self.client.set_terminated(self.run_id, status=self.STATUSES[outcome])
 
 
 def tensorboard(run_dir: Path) -> Logger:
