@@ -18,7 +18,7 @@ from torch.utils.data import default_collate
 from {{ cookiecutter.package }}.contracts import Layout
 from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.core.errors import ConfigError
-from {{ cookiecutter.package }}.data.format import hf_stream
+from {{ cookiecutter.package }}.data.format.hf import parquet
 from {{ cookiecutter.package }}.data.images import Images
 from {{ cookiecutter.package }}.data.loaders import check_order, training_loader
 from {{ cookiecutter.package }}.data.order import BlockOrder, RandomOrder
@@ -108,8 +108,8 @@ def test_a_run_of_rows_reads_each_row_group_it_spans_once(tmp_path, monkeypatch)
     two), where reading image by image read a group per image."""
     stores = open_hf(hub_parquet(tmp_path / "set", [256] * 4, group_rows=100), tmp_path, streaming=True)
     reads = Counter()
-    read_group = hf_stream.ParquetRows.read_group
-    monkeypatch.setattr(hf_stream.ParquetRows, "read_group",
+    read_group = parquet.ParquetRows.read_group
+    monkeypatch.setattr(parquet.ParquetRows, "read_group",
                         lambda self, group: reads.update([group]) or read_group(self, group))
     order = BlockOrder(block=64, window=2)
     trained, traces = epoch(stores, 1, 0, order, batch_size=16)  # no worker: the reads happen in this process

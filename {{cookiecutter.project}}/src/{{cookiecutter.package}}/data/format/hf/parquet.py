@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...contracts import Store
-from .hf import Rows, checked, class_numbers, read_path, unreadable
+from ....contracts import Store
+from .arrow import Rows, checked, class_numbers, read_path, unreadable
 
 OPEN_FILES = 32  # Parquet files each reading process keeps open: a split may have thousands
 
