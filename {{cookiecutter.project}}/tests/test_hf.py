@@ -4,6 +4,7 @@ pack's Parquet, the refusals every packed format shares and the runs from the pa
 test_save_load.py's and test_zoo.py's, which glob conf/format/."""
 import importlib.util
 import json
+import os
 import re
 
 import pytest
@@ -77,6 +78,20 @@ def test_parquet_in_the_hubs_layout_is_read_with_its_labels_class_names_and_byte
     converted = stores.train.files([0, 11])
     assert len(converted) == 1 and (tmp_path / "hf-cache") in converted[0].parents  # read from datasets' Arrow
     assert open_hf(root, tmp_path).train.files([0]) == converted  # converted once: a later start finds it
+
+
+def test_a_parquet_file_rewritten_with_its_mtime_put_back_is_converted_again(tmp_path):
+    """datasets finds a conversion by its files' paths and mtimes alone: a file relabelled and its mtime put back
+    (cp -p, rsync -t, tar) was read with its old labels."""
+    root = hub_folder(tmp_path / "set", shards=1)
+    assert open_hf(root, tmp_path).train.labels.tolist() == LABELS["train"]
+    file = root / "data/train-00000-of-00001.parquet"
+    before = file.stat()
+    relabelled = [(label + 1) % 3 for label in LABELS["train"]]
+    hub_dataset({"train": relabelled})["train"].to_parquet(file)
+    os.utime(file, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert open_hf(root, tmp_path).train.labels.tolist() == relabelled
+    assert len(list((tmp_path / "hf-cache").glob("parquet-*"))) == 2, "a conversion a split: the stale one removed"
 
 
 @pytest.mark.full  # a whole tiny run, 7 s on 2 cores; test_save_load.py's fast tier builds the run from pack's Parquet

@@ -80,6 +80,14 @@ def check_writable(folder: Path, key: str, next_step: str) -> None:
         raise ConfigError(f"{key}={folder}: {existing} cannot be written ({err.strerror}); {next_step}") from None
 
 
+def version(path: Path) -> str:
+    """What changes when the file at `path` is written again: its size, mtime, ctime and inode. A file rewritten at the
+    same size with its old mtime put back (cp -p, rsync -t, tar) still gets a new ctime, and one replaced by a rename
+    a new inode."""
+    status = path.stat()
+    return f"{status.st_size}.{status.st_mtime_ns}.{status.st_ctime_ns}.{status.st_ino}"
+
+
 def free_bytes(path: Path) -> int:
     """Free space on the disk that holds `path`, or would once it is made."""
     return shutil.disk_usage(nearest_existing(path)).free

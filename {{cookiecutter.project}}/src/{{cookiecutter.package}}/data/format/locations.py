@@ -10,6 +10,7 @@ import errno
 import os
 from pathlib import Path
 
+from ...core.files import version
 from . import s3
 
 
@@ -24,15 +25,10 @@ class Local:
         return str(self.folder / name)
 
     def stat(self, name: str) -> tuple[int, str] | None:
-        """(bytes, a version that changes when the file is rewritten), or None where there is no such file. The version
-        is the file's mtime, ctime and inode, as the folder format stamps its folders: a file rewritten at the same
-        size with its old mtime put back (tar pads shards to whole records; cp -p, rsync -t) still gets a new ctime,
-        and one replaced by a rename a new inode."""
+        """(bytes, a version that changes when the file is rewritten: core.files.version), or None where there is no
+        such file."""
         path = self.folder / name
-        if not path.is_file():
-            return None
-        stat = path.stat()
-        return stat.st_size, f"{stat.st_mtime_ns}.{stat.st_ctime_ns}.{stat.st_ino}"
+        return (path.stat().st_size, version(path)) if path.is_file() else None
 
     def text(self, name: str) -> str | None:
         try:

@@ -3,6 +3,8 @@ Parquet files, a save_to_disk folder, or the datasets cache. A read gives the im
 column cast to `datasets.Image(decode=False)`): the decoder decodes, never datasets. The labels are read once, as
 one Arrow column, and checked as every split's are (`checked`, `class_numbers`).
 """
+import hashlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import numpy as np
 
 from ....contracts import Store
 from ....core.errors import ConfigError
+from ....core.files import one_process_at_a_time, version
 
 
 @dataclass
@@ -87,8 +90,13 @@ def unreadable(file: Path, err: Exception) -> ConfigError:
 
 
 def converted(files: list[Path], cache_dir: str | None) -> tuple:
-    """The data set of the Parquet `files`, which datasets converts into Arrow in `cache_dir` once (a later start finds
-    it there), and the Rows of `files`, which name its images. A damaged file is refused in one line naming it."""
+    """The data set of the Parquet `files`, which datasets converts into Arrow in `cache_dir` once, by the first process
+    of a node while the others wait (a later start finds it there), and the Rows of `files`, which name its images.
+    A damaged file is refused in one line naming it.
+
+    datasets finds a conversion by its files' paths and mtimes alone, so a file rewritten with its mtime put back
+    would be read as it was. Each conversion is kept in a folder of its own, named by the files and each one's
+    version (core.files.version), and a new one removes the one it replaces."""
     import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -98,8 +106,16 @@ def converted(files: list[Path], cache_dir: str | None) -> tuple:
             counts.append(pq.read_metadata(file).num_rows)  # the footer: a truncated or foreign file fails here
         except (OSError, pa.ArrowException) as err:
             raise unreadable(file, err) from None
+    base = Path(cache_dir or datasets.config.HF_DATASETS_CACHE).expanduser()
+    names = hashlib.sha1("".join(f"{file.resolve()}\n" for file in files).encode()).hexdigest()[:12]
+    versions = hashlib.sha1("".join(f"{version(file)}\n" for file in files).encode()).hexdigest()[:12]
     try:
-        dataset = datasets.load_dataset("parquet", data_files=list(map(str, files)), split="train", cache_dir=cache_dir)
+        with one_process_at_a_time(base):
+            dataset = datasets.load_dataset("parquet", data_files=list(map(str, files)), split="train",
+                                            cache_dir=str(base / f"parquet-{names}-{versions}"))
+            for stale in base.glob(f"parquet-{names}-*"):
+                if stale.name != f"parquet-{names}-{versions}":
+                    shutil.rmtree(stale, ignore_errors=True)
     except datasets.exceptions.DatasetGenerationError as err:  # a page damaged behind a sound footer: find its file
         for file in files:
             try:
