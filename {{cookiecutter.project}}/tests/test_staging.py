@@ -36,6 +36,19 @@ def test_a_changed_source_is_copied_again(tiny_root, tmp_path):
     assert files(staged) == files(source) and manifest(source) != manifest(tiny_root)
 
 
+def test_a_source_file_rewritten_at_its_size_with_its_mtime_put_back_is_copied_again(tiny_root, tmp_path):
+    source = tmp_path / "source"
+    shutil.copytree(tiny_root, source)
+    stage = tmpfs(str(tmp_path / "shm"), 0.0, ALONE)
+    staged = stage(source)
+    changed = next(source.rglob("*.JPEG"))
+    before = changed.stat()
+    changed.write_bytes(bytes(reversed(changed.read_bytes())))
+    os.utime(changed, ns=(before.st_atime_ns, before.st_mtime_ns))
+    stage(source)
+    assert files(staged) == files(source)
+
+
 def test_refuses_with_numbers_when_space_or_memory_is_short(tiny_root, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"needs 0\.\d+ GiB of RAM plus staging.reserve_gb=100000"):
         tmpfs(str(tmp_path / "shm"), 100000.0, ALONE)(tiny_root)

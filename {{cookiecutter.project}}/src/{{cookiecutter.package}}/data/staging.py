@@ -2,7 +2,8 @@
 
 Pick `tmpfs` when the data sits on a network or spinning disk and fits in memory: after one copy, every
 epoch reads from RAM. The first local process of each node copies while the others wait; a copy whose
-manifest (every file's size and mtime) still matches the source is reused, not copied again.
+manifest (every file's size, mtime, ctime and inode) still matches the source is reused, not copied again: a file
+rewritten since, even at its old size with its old mtime put back, has a new ctime.
 """
 import hashlib
 import json
@@ -26,13 +27,13 @@ GIB = 1 << 30
 
 
 def manifest(root: Path) -> dict[str, list[int]]:
-    """[size, mtime in ns] of every file under root, by relative path."""
+    """[size, mtime, ctime (ns) and inode] of every file under root, by relative path."""
     found = {}
     for folder, _, files in os.walk(root):
         for name in files:
             path = Path(folder) / name
             stat = path.stat()
-            found[path.relative_to(root).as_posix()] = [stat.st_size, stat.st_mtime_ns]
+            found[path.relative_to(root).as_posix()] = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
     return found
 
 
@@ -70,7 +71,7 @@ class TmpfsStaging:
         if staged.exists() and json.loads(staged.read_text()) == wanted:
             log.info("staging=tmpfs: reusing %s (manifest matches %s)", target, source)
             return
-        needed = sum(size for size, _ in wanted.values())
+        needed = sum(size for size, *_ in wanted.values())
         self.dir.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(self.dir).free + (bytes_in(target) if target.exists() else 0)
         available = psutil.virtual_memory().available
