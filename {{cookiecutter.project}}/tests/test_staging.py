@@ -25,28 +25,25 @@ def test_stages_a_copy_and_reuses_it_while_the_manifest_matches(tiny_root, tmp_p
     assert stage(tiny_root) == staged
 
 
-def test_a_changed_source_is_copied_again(tiny_root, tmp_path):
+def grown(path):
+    path.write_bytes(path.read_bytes() + b"\0")
+
+
+def rewritten_at_its_size_and_mtime(path):
+    before = path.stat()
+    path.write_bytes(bytes(reversed(path.read_bytes())))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+@pytest.mark.parametrize("change", [grown, rewritten_at_its_size_and_mtime])
+def test_a_changed_source_is_copied_again(tiny_root, tmp_path, change):
     source = tmp_path / "source"
     shutil.copytree(tiny_root, source)
     stage = tmpfs(str(tmp_path / "shm"), 0.0, ALONE)
     staged = stage(source)
-    changed = next(source.rglob("*.JPEG"))
-    changed.write_bytes(changed.read_bytes() + b"\0")
+    change(next(source.rglob("*.JPEG")))
     stage(source)
     assert files(staged) == files(source) and manifest(source) != manifest(tiny_root)
-
-
-def test_a_source_file_rewritten_at_its_size_with_its_mtime_put_back_is_copied_again(tiny_root, tmp_path):
-    source = tmp_path / "source"
-    shutil.copytree(tiny_root, source)
-    stage = tmpfs(str(tmp_path / "shm"), 0.0, ALONE)
-    staged = stage(source)
-    changed = next(source.rglob("*.JPEG"))
-    before = changed.stat()
-    changed.write_bytes(bytes(reversed(changed.read_bytes())))
-    os.utime(changed, ns=(before.st_atime_ns, before.st_mtime_ns))
-    stage(source)
-    assert files(staged) == files(source)
 
 
 def test_refuses_with_numbers_when_space_or_memory_is_short(tiny_root, tmp_path, monkeypatch):
