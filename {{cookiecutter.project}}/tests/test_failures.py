@@ -179,8 +179,8 @@ def test_a_disk_that_fills_mid_run_ends_it_in_one_line_with_the_log_and_the_chec
 
 ON_A_MOUNT = ("train.epochs=50", "model.name=mobilenet_v3_small", "data=folder", "loader.num_workers=2")
 STORAGE_FAILED = (r"error: could not read {mount}/(train|val)/\S+: {reason}: the storage failed, not the image: check "
-                  r"the disk or the mount it is on \(in loader worker [01]\); resume=auto continues from step "
-                  r"(?P<step>\d+)")
+                  r"the disk, the mount or the server it is on \(in loader worker [01]\); resume=auto continues from "
+                  r"step (?P<step>\d+)")
 
 
 def test_a_disk_that_fails_reads_ends_the_run_in_one_line_naming_the_file_and_the_errno(tmp_path, cache_dir,

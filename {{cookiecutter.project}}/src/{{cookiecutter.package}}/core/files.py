@@ -30,9 +30,9 @@ class WriteError(ClearError):
 # How torch.save reports a failed write: a RuntimeError from its C++ stream writer, not an OSError.
 WRITE_FAILED = re.compile(r"inline_container|PytorchStreamWriter|file write failed|basic_ios|iostream error")
 
-# What a read returns when the disk or the mount under the file failed, not the file: an I/O error, a network mount
-# that is gone (ENOTCONN; ECONNABORTED for a request a FUSE mount still had in flight when it was aborted), a stale
-# NFS handle, a server that did not answer.
+# What a read returns when the disk, the mount or the server under the file failed, not the file: an I/O error, a
+# network mount that is gone (ENOTCONN; ECONNABORTED for a request a FUSE mount still had in flight when it was
+# aborted, or a server that dropped it), a stale NFS handle, a server that did not answer.
 STORAGE_FAILED = frozenset({errno.EIO, errno.ENOTCONN, errno.ECONNABORTED, errno.ESTALE, errno.ETIMEDOUT})
 
 

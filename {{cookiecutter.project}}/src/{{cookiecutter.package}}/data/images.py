@@ -33,8 +33,8 @@ class WrongDataSet(ClearError):
 
 
 class StorageFailed(ClearError):
-    """A read that the disk or the mount failed (core.files.STORAGE_FAILED), not the image: never skipped or counted as
-    unreadable, since every image behind it would fail the same way; the run stops."""
+    """A read that the disk, the mount or the server failed (core.files.STORAGE_FAILED), not the image: never skipped or
+    counted as unreadable, since every image behind it would fail the same way; the run stops."""
 
 
 class FileChanged(ClearError):
