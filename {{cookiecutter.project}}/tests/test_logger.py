@@ -136,11 +136,21 @@ READ_BACK = {"tensorboard": tensorboard_figures, "csv": table_figures, "jsonl": 
              "mlflow": mlflow_figures}
 
 
+def tiered(params: list) -> list:
+    """`params`, those of the trackers in the full tier: each sets up MLflow's SQLite store or starts W&B's run and its
+    reader, 2-4 s."""
+    return [pytest.param(*param.values, marks=[*param.marks, *([pytest.mark.full] * (param.values[0] in TRACKERS))])
+            for param in params]
+
+
+TRACKERS = ("wandb", "mlflow")
+
+
 def test_every_logger_has_a_way_to_read_it_back_here():
     assert set(READ_BACK) == set(options.options("logger")) - {"none"}
 
 
-@pytest.mark.parametrize("option", installed("logger", sorted(READ_BACK)))
+@pytest.mark.parametrize("option", tiered(installed("logger", sorted(READ_BACK))))
 def test_every_logger_keeps_every_series_and_top1_against_time_on_an_axis_of_its_own(option, tmp_path):
     """Every window, the ranks' spread, validation's top-1 at every epoch, read back as the tracker's charts read
     them; the top-1 against the run's seconds on an axis of its own, and no second on the steps' axis."""
@@ -172,6 +182,7 @@ ENDINGS = {"wandb": (wandb_ending, {"finished": (0, False), "failed": (1, False)
            "mlflow": (mlflow_ending, {"finished": "FINISHED", "failed": "FAILED", "stopped": "KILLED"})}
 
 
+@pytest.mark.full  # each tracker's three runs, 2-4 s
 @pytest.mark.parametrize("option", installed("logger", sorted(ENDINGS)))
 def test_a_trackers_run_is_marked_finished_failed_or_stopped_as_it_ended(option, tmp_path):
     node = OmegaConf.load(CONF / "logger" / f"{option}.yaml")
