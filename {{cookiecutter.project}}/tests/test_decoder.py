@@ -39,7 +39,7 @@ from {{ cookiecutter.package }}.data.decoder.batch import BatchDecoder, Encoded,
 from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import folder
 from {{ cookiecutter.package }}.data.images import Images, make_splits
-from {{ cookiecutter.package }}.data.loaders import check_fit
+from {{ cookiecutter.package }}.data.fit import check_fit
 from {{ cookiecutter.package }}.data import sources
 from {{ cookiecutter.package }}.data.staging import no_staging
 
@@ -473,7 +473,7 @@ def test_images_keep_the_store_label_whatever_the_decoder(tiny_root):
 def test_decoder_none_is_for_stored_pixels_only():
     from omegaconf import OmegaConf
 
-    from {{ cookiecutter.package }}.data.loaders import check_fit
+    from {{ cookiecutter.package }}.data.fit import check_fit
 
     def option(group: str, name: str):
         return OmegaConf.load(CONF / group / f"{name}.yaml")

@@ -17,7 +17,8 @@ from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import META
 from {{ cookiecutter.package }}.data.format import hf
 from {{ cookiecutter.package }}.data.images import make_splits
-from {{ cookiecutter.package }}.data.loaders import check_fit, make_loader
+from {{ cookiecutter.package }}.data.fit import check_fit
+from {{ cookiecutter.package }}.data.loaders import make_loader
 from {{ cookiecutter.package }}.data.staging import no_staging
 
 from conftest import encoded, photo

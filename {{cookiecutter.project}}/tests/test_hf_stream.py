@@ -20,7 +20,8 @@ from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.data.format.hf import parquet
 from {{ cookiecutter.package }}.data.images import Images
-from {{ cookiecutter.package }}.data.loaders import check_order, training_loader
+from {{ cookiecutter.package }}.data.fit import check_order
+from {{ cookiecutter.package }}.data.loaders import training_loader
 from {{ cookiecutter.package }}.data.order import BlockOrder, RandomOrder
 from {{ cookiecutter.package }}.options import CONF
 

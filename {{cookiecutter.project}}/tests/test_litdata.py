@@ -16,7 +16,8 @@ from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import ALONE, World
 from {{ cookiecutter.package }}.data.format import litdata
 from {{ cookiecutter.package }}.data.images import make_splits
-from {{ cookiecutter.package }}.data.loaders import check_fit, make_loaders, training_loader
+from {{ cookiecutter.package }}.data.fit import check_fit
+from {{ cookiecutter.package }}.data.loaders import make_loaders, training_loader
 from {{ cookiecutter.package }}.data.staging import no_staging
 
 from helpers.machines import DEVICE, TWO_PROCESSES, installed, on_this_machine

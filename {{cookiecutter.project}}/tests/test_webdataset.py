@@ -22,7 +22,8 @@ from {{ cookiecutter.package }}.data.decoder.pil import PilDecoder
 from {{ cookiecutter.package }}.data.format import webdataset as shards
 from {{ cookiecutter.package }}.data.format.locations import S3, Http
 from {{ cookiecutter.package }}.data.images import FileChanged, Images, make_splits, unread
-from {{ cookiecutter.package }}.data.loaders import check_fit, make_loader
+from {{ cookiecutter.package }}.data.fit import check_fit
+from {{ cookiecutter.package }}.data.loaders import make_loader
 from {{ cookiecutter.package }}.data.staging import no_staging
 from {{ cookiecutter.package }}.tools.pack import pack
 

@@ -171,7 +171,7 @@ def check(cfg: DictConfig) -> None:
 
 def refuse_missing_packages(cfg: DictConfig) -> None:
     """Stop a run before any work where an option it picked needs a package that is not installed (`unavailable`). A
-    default no one named is left to give way instead (data/loaders.py: usable_decoder)."""
+    default no one named is left to give way instead (data/fit.py: usable_decoder)."""
     for group in options_groups():
         node = cfg.get(group)
         if isinstance(node, DictConfig) and not picked_by_default(group) and (refusal := unavailable(group, node)):

@@ -3,7 +3,6 @@ its own node, into training and validation batches that reach the step as normal
 
 The loop sees `Loaders` and nothing of which options were picked.
 """
-import logging
 import random
 import signal
 import time
@@ -13,25 +12,22 @@ from functools import partial
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
 from .. import options
 from ..contracts import Decoder, Layout, Order, Prefetcher, ResumableLoader, Stores
 from ..core.config import RANGES, build
-from ..core.errors import ConfigError
 from ..core.distributed import World
 from ..core.faults import Faults, FaultyReads
 from .batch_memory import lend_batches
 from .coverage import EpochTrace
 from .device import ToDevice, UploadTimes
-from .format.locations import is_address
+from .fit import check_fit, check_order
 from .images import Images, Splits, make_splits
 from .order import FULL_SHUFFLE
 from .sampling import EpochBatches, EpochSampler, Shard, agreed_layout
 from .workers import pick_num_workers, work_of
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -245,56 +241,3 @@ def inject_reads(train: Images, faults: Faults) -> None:
     """Slow the training split's reads, or fail one, where `faults` asks."""
     if faults.worker_error_at > 0 or faults.read_delay_ms > 0:
         train.transform = FaultyReads(train.transform, faults.worker_error_at, faults.read_delay_ms / 1000)
-
-
-def check_order(stores: Stores, order: DictConfig) -> None:
-    """Refuse, in one line, an order that reads records one at a time from a store that cannot read one alone."""
-    if stores.train.single_read and not options.facts_of(order).in_runs:
-        raise ConfigError(f"{stores.train.single_read}, and order={options.name_of('order', order)} reads one image at "
-                          f"a time: pass order={options.only('order', 'in_runs')}, which reads a run of consecutive "
-                          "records at once (order.block: a multiple of the rows a read takes wastes none)")
-
-
-def usable_decoder(decoder: DictConfig) -> None:
-    """Refuse, in one line, a CPU decoder that is not installed, naming the fastest one that is. One that no one picked
-    (the default decoder=turbojpeg, where it has no wheel: Linux on Arm) gives way instead, with one warning: `decoder`
-    then holds the fastest CPU decoder installed here."""
-    decoding, named = options.facts_of(decoder), f"decoder={options.name_of('decoder', decoder)}"
-    if decoding.decode_us and (missing := decoding.missing()):
-        if not options.picked_by_default("decoder"):
-            raise ConfigError(options.unavailable("decoder", decoder))
-        fastest = options.fastest_cpu_decoder()
-        log.warning("%s, the default, cannot run here (%s): decoding with decoder=%s, the fastest CPU decoder "
-                    "installed here", named, missing, fastest)
-        with open_dict(decoder):
-            for key in list(decoder):
-                del decoder[key]
-            decoder.merge_with(OmegaConf.load(options.CONF / "decoder" / f"{fastest}.yaml"))
-
-
-def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, order: DictConfig) -> None:
-    """Refuse, in one line, a CPU decoder that is not installed (or give way to the fastest one that is, see
-    `usable_decoder`), a decoder that does not fit what the format stores, a staging with nothing to copy and an
-    order that reads runs of records from a format that cannot."""
-    usable_decoder(decoder)
-    stored, decoding = options.facts_of(format), options.facts_of(decoder)
-    named = {group: f"{group}={options.name_of(group, node)}"
-              for group, node in (("format", format), ("staging", staging), ("decoder", decoder), ("order", order))}
-    if options.facts_of(order).in_runs and not stored.reads_runs:
-        raise ConfigError(f"{named['order']} reads runs of consecutive records at once, which {named['format']} "
-                          f"cannot: pick {' or '.join('format=' + name for name in options.having('format', 'reads_runs'))}"
-                          f" (written by pack), or order={options.default('order')}")
-    if stored.holds_pixels and not decoding.takes_pixels:
-        raise ConfigError(f"{named['format']} stores decoded pixels, so there is nothing to decode: pass "
-                          f"decoder={options.only('decoder', 'takes_pixels')}")
-    if decoding.takes_pixels and not stored.holds_pixels:
-        raise ConfigError(f"{named['decoder']} is for formats that store decoded pixels "
-                          f"({', '.join('format=' + name for name in options.having('format', 'holds_pixels'))}), "
-                          f"and {named['format']} stores encoded files: pick a decoder, such as "
-                          f"decoder={options.fastest_cpu_decoder()}")
-    if stored.streams and options.facts_of(staging).copies_to_ram:
-        raise ConfigError(f"{named['staging']} has nothing to copy: {named['format']} {stored.streams}")
-    path = format.get("path")
-    if stored.remote and isinstance(path, str) and is_address(path) and options.facts_of(staging).copies_to_ram:
-        raise ConfigError(f"{named['staging']} copies local files, and format.path={path} is remote: drop the "
-                          "staging option, or copy the files to a local folder and stage that")

@@ -17,7 +17,7 @@ from ..data.crops import CenterCrop
 from ..data.decoder import Unreadable
 from ..data.device import ToDevice
 from ..data.format.folder import IMAGE_SUFFIXES
-from ..data.loaders import usable_decoder
+from ..data.fit import usable_decoder
 from ..loop.checkpoint import load_trained
 from ..loop.model import trained_model
 
