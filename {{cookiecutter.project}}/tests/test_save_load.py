@@ -6,7 +6,8 @@ The combinations are drawn from the facts: every format in every order it can be
 that trains (not the compute ceiling), with and without loader workers, decoded by the fastest CPU decoder installed
 (a format of pixels: by the decoder that takes them). Decoders and augmentation policies decode and draw per image
 from the image's own seed, so each of them is crossed with one loader only; staging changes where the files are
-read, not in which order.
+read, not in which order, except a staging that makes the batches on the device, crossed with every format of
+pixels in every order under every prefetcher.
 """
 import gc
 
@@ -52,6 +53,14 @@ def loader_choices() -> list[tuple[str, ...]]:
                 if not options.facts("prefetcher", prefetcher).ceiling:
                     combinations += [(f"format={format}", f"decoder={decoder}", f"order={order}",
                                       f"prefetcher={prefetcher}", f"loader.num_workers={workers}") for workers in (0, 2)]
+    for staging in (name for name in options.options("staging") if options.facts("staging", name).on_device):
+        for format in options.having("format", "holds_pixels"):
+            combinations += [(f"format={format}", f"decoder={pixels}", f"order={order}", f"prefetcher={prefetcher}",
+                              "loader.num_workers=0", f"staging={staging}", "staging.reserve_gb=0")
+                             for order in options.options("order")
+                             if options.facts("format", format).reads_runs or not options.facts("order", order).in_runs
+                             for prefetcher in options.options("prefetcher")
+                             if not options.facts("prefetcher", prefetcher).ceiling]
     combinations += [(*ONE_LOADER, f"decoder={decoder}") for decoder in options.options("decoder")
                      if decoder not in (fastest, pixels) and runnable("decoder", decoder)]
     combinations += [(*ONE_LOADER, f"decoder={fastest}", f"augment={augment}") for augment in options.options("augment")

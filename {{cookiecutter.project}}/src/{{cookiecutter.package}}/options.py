@@ -17,6 +17,7 @@ and what it can do, which generic code asks instead of naming it (absent: false)
       holds_pixels: true       # ... which holds decoded pixels
       reads_runs: true         # ... whose records sit end to end: a run of them is one request
       copies_to_ram: true      # a staging that copies the data into RAM
+      on_device: true          # a staging that holds a pixel pack in the device's memory and makes the batches there
       in_runs: true            # an order that reads runs of consecutive records at once (formats that reads_runs)
       overlaps_copy: true      # a prefetcher that copies the next batch while the step computes
       ceiling: true            # ... that replays one batch: the compute ceiling, not a way to train
@@ -62,6 +63,7 @@ class Facts:
     holds_pixels: bool = False
     reads_runs: bool = False
     copies_to_ram: bool = False
+    on_device: bool = False
     in_runs: bool = False
     overlaps_copy: bool = False
     ceiling: bool = False

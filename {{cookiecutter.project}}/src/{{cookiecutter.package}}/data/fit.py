@@ -37,10 +37,12 @@ def usable_decoder(decoder: DictConfig) -> None:
             decoder.merge_with(OmegaConf.load(options.CONF / "decoder" / f"{fastest}.yaml"))
 
 
-def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, order: DictConfig) -> None:
+def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, order: DictConfig,
+              augment: DictConfig | None = None) -> None:
     """Refuse, in one line, a CPU decoder that is not installed (or give way to the fastest one that is, see
-    `usable_decoder`), a decoder that does not fit what the format stores, a staging with nothing to copy and an
-    order that reads runs of records from a format that cannot."""
+    `usable_decoder`), a decoder that does not fit what the format stores, a staging with nothing to copy, an order
+    that reads runs of records from a format that cannot, and a staging that makes the batches on the device from
+    encoded files, or under an augmentation policy that runs in the loader's workers."""
     usable_decoder(decoder)
     stored, decoding = options.facts_of(format), options.facts_of(decoder)
     named = {group: f"{group}={options.name_of(group, node)}"
@@ -59,6 +61,15 @@ def check_fit(format: DictConfig, staging: DictConfig, decoder: DictConfig, orde
                           f"decoder={options.fastest_cpu_decoder()}")
     if stored.streams and options.facts_of(staging).copies_to_ram:
         raise ConfigError(f"{named['staging']} has nothing to copy: {named['format']} {stored.streams}")
+    if options.facts_of(staging).on_device:
+        if not stored.holds_pixels:
+            raise ConfigError(f"{named['staging']} crops decoded pixels on the device, and {named['format']} stores "
+                              f"encoded files: pack them with format={options.only('format', 'holds_pixels')} "
+                              f"pack.short_side=<side> and train from that, or pick staging={options.default('staging')}")
+        if augment is not None and (policy := options.name_of("augment", augment)) != options.default("augment"):
+            raise ConfigError(f"augment={policy} changes each crop in the loader's workers, which {named['staging']} "
+                              f"has none of: pass augment={options.default('augment')}, or "
+                              f"staging={options.default('staging')}")
     path = format.get("path")
     if stored.remote and isinstance(path, str) and is_address(path) and options.facts_of(staging).copies_to_ram:
         raise ConfigError(f"{named['staging']} copies local files, and format.path={path} is remote: drop the "

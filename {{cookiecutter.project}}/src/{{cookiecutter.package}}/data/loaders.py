@@ -22,6 +22,7 @@ from ..core.distributed import World
 from ..core.faults import Faults, FaultyReads
 from .batch_memory import lend_batches
 from .coverage import EpochTrace
+from .crops import CenterCrop
 from .device import ToDevice, UploadTimes
 from .fit import check_fit, check_order
 from .images import Images, Splits, make_splits
@@ -181,14 +182,16 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
                  augment: DictConfig | None = None) -> Loaders:
     """The stages of data/README.md, built in the order a training batch meets them, each from its option's node,
     with the `faults` this process injects. Options that cannot work together are refused first, from their facts."""
-    check_fit(format, staging, decoder, order)
+    check_fit(format, staging, decoder, order, augment)
     started = time.perf_counter()
     source = build(data)  # 1: where the images are, the crops to cut
-    stores = build(format).stores(source, build(staging, world=world))  # 2 and 3: a copy in RAM, the stores
+    staged = build(staging, world=world)
+    stores = build(format).stores(source, staged)  # 2 and 3: a copy in RAM, the stores
     opened = time.perf_counter()
     visiting = build(order)  # 4: the epoch's order, and the runs its workers read
     check_order(stores, order)
-    stores = replace(stores, train=visiting.reads(stores.train))
+    whole, stores = stores, replace(stores, train=visiting.reads(stores.train))
+    on_device = options.facts_of(staging).on_device  # the batches made there, from the whole pack: no worker
     decoding = build(decoder)  # 6: decode and crop
     decoding.check_device(world.device)
     splits = make_splits(source, stores, decoding, seed)
@@ -204,8 +207,9 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
                                                              "persistent_workers": False}),
                                 world.device, non_blocking)
 
-    settings["num_workers"] = pick_num_workers(settings["num_workers"], splits.train, batch_size, work, swept,  # 9's
-                                               decodes_beside=decoding.queued_batches > 0, device=world.device)
+    settings["num_workers"] = 0 if on_device else pick_num_workers(  # 9's
+        settings["num_workers"], splits.train, batch_size, work, swept, decodes_beside=decoding.queued_batches > 0,
+        device=world.device)
     counted = time.perf_counter()
     layout = agreed_layout(world, settings["num_workers"], batch_size, {  # 5: the sampler's layout, every process's
         "the number of training images": len(splits.train), "the number of validation images": len(splits.val),
@@ -214,11 +218,14 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
     if faults.unagreed_workers >= 0:  # this process draws its order as if every process had its own worker count
         settings["num_workers"] = faults.unagreed_workers
         layout = Layout(world.size, faults.unagreed_workers, batch_size)
-    # 5, 8 and 9: the sampler, the timed collate and the loader.
-    train = training_loader(stores, splits.train, batch_size, seed, world, splits.train.times.timed(decoding.collate),
-                            visiting, layout, **settings)
-    val = make_loader(splits.val, batch_size, False, seed, world, collate=splits.val.times.timed(decoding.collate),
-                      **settings)
+    if on_device:  # 5, 8 and 9 on the device: the sampler, and each batch cut there
+        train, val = staged.loaders(whole, splits.train.crop, CenterCrop(source.crop_size, source.val_resize), world,
+                                    batch_size, seed, visiting, layout)
+    else:  # 5, 8 and 9: the sampler, the timed collate and the loader
+        train = training_loader(stores, splits.train, batch_size, seed, world,
+                                splits.train.times.timed(decoding.collate), visiting, layout, **settings)
+        val = make_loader(splits.val, batch_size, False, seed, world, collate=splits.val.times.timed(decoding.collate),
+                          **settings)
     # 10: a ToDevice each, so that the training batches' upload times leave out validation's.
     to_device, val_to_device = (ToDevice(decoding, world.device, non_blocking, memory_format, source.mean, source.std)
                                 for _ in range(2))

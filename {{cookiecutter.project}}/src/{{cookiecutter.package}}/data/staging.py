@@ -1,9 +1,12 @@
-"""Copy the data set into RAM before training: `staging=none|tmpfs`.
+"""Copy the data set into RAM before training, or a pixel pack into the device's memory: `staging=none|tmpfs|device`.
 
 Pick `tmpfs` when the data sits on a network or spinning disk and fits in memory: after one copy, every
 epoch reads from RAM. The first local process of each node copies while the others wait; a copy whose
 manifest (every file's size, mtime, ctime and inode) still matches the source is reused, not copied again: a file
 rewritten since, even at its old size with its old mtime put back, has a new ctime.
+
+Pick `device` for a pack of decoded pixels (format=tensor) that fits in the device's memory beside the model: the
+batches are made there, with no loader worker (data/resident.py).
 """
 import hashlib
 import json
@@ -15,7 +18,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from ..contracts import Staging
+from ..contracts import Layout, Order, Staging, Stores
 from ..core.errors import ConfigError
 from ..core.distributed import World
 from ..core.files import bytes_in
@@ -93,9 +96,30 @@ class TmpfsStaging:
         partial.rename(target)  # a copy cut short never carries the name training reads
 
 
+class DeviceStaging:
+    """staging=device: the pack is read where it is, and held in the device's memory by the batches it makes
+    (data/resident.py), with `reserve_gb` left free beside it."""
+
+    def __init__(self, reserve_gb: float):
+        self.reserve_gb = reserve_gb
+
+    def __call__(self, source: Path) -> Path:
+        return source
+
+    def loaders(self, stores: Stores, train_crop, val_crop, world: World, batch_size: int, seed: int, order: Order,
+                layout: Layout):
+        """The training and validation batches of the pixel pack `stores`, made on `world.device`."""
+        from .resident import device_loaders
+        return device_loaders(stores, train_crop, val_crop, world, batch_size, seed, order, layout, self.reserve_gb)
+
+
 def none(world: World) -> Staging:
     return no_staging
 
 
 def tmpfs(dir: str, reserve_gb: float, world: World) -> Staging:
     return TmpfsStaging(dir, reserve_gb, world)
+
+
+def device(reserve_gb: float, world: World) -> Staging:
+    return DeviceStaging(reserve_gb)
