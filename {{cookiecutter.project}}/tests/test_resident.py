@@ -187,8 +187,8 @@ def test_a_pack_that_does_not_fit_is_refused_in_one_line_naming_both_sizes(tmp_p
         resident.device_loaders(stores, TrainCrop(16), CenterCrop(16, 18), World(0, 0, 1, CPU), 4, 0, RandomOrder(),
                                 Layout(1, 0, 4), reserve_gb=2.0)
     assert str(refused.value) == (
-        f"staging=device cannot hold the pack: the pack's {needed / 2**30:.2f} GiB do not fit in the cpu's "
-        f"{(needed + 2**30) / 2**30:.1f} GiB free with staging.reserve_gb=2 to spare; train from it where it is with "
+        f"staging=device cannot hold the pack: the pack's {needed / 2**20:.1f} MiB do not fit in the cpu's "
+        f"{(needed + 2**30) / 2**30:.2f} GiB free with staging.reserve_gb=2 to spare; train from it where it is with "
         "staging=none, whose loader workers crop it, lower staging.reserve_gb where the model needs less, or pack "
         "smaller images (pack.short_side)")
 

@@ -165,8 +165,13 @@ def fits(stores, device: torch.device, reserve_gb: float) -> tuple[bool, str]:
     words."""
     needed, free = pack_bytes(stores), free_bytes(device)
     enough = needed + reserve_gb * GIB <= free
-    return enough, (f"the pack's {needed / GIB:.2f} GiB {'fit' if enough else 'do not fit'} in the {device.type}'s "
-                    f"{free / GIB:.1f} GiB free with staging.reserve_gb={reserve_gb:g} to spare")
+    return enough, (f"the pack's {amount(needed)} {'fit' if enough else 'do not fit'} in the {device.type}'s "
+                    f"{amount(free)} free with staging.reserve_gb={reserve_gb:g} to spare")
+
+
+def amount(count: int) -> str:
+    """Bytes in words: MiB under a GiB, GiB above."""
+    return f"{count / 2**20:.1f} MiB" if count < GIB else f"{count / GIB:.2f} GiB"
 
 
 class DeviceBatches:
