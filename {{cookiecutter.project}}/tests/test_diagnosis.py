@@ -54,6 +54,27 @@ def test_on_a_cpu_the_cores_the_loader_takes_from_the_step_are_a_data_cost():
     assert on_a_gpu.bound == "compute" and on_a_gpu.data_cost == pytest.approx(0.01)
 
 
+FITS = "the pack's 47.0 MiB fit in the cpu's 20.10 GiB free with staging.reserve_gb=8 to spare"
+
+
+@pytest.mark.parametrize("machine", ["avx2", "sm90"])
+def test_a_data_bound_run_on_a_pixel_pack_that_fits_is_told_to_hold_it_on_the_device(machine):
+    """Advised where the staging on the device has passed its tests (its facts' passed_on), withheld elsewhere with
+    that fact; never where the pack does not fit (no pack_fits)."""
+    hardware, staging = MACHINES[machine], options.only("staging", "on_device")
+    starved = settings(choices={"format": "tensor", "decoder": "none"}, pack_fits=FITS)
+    diagnosis = diagnose(window(0.5), {"sys/cpu_util": 60.0}, hardware, starved)
+    passed = hardware.device in options.facts("staging", staging).passed_on
+    advised = [suggestion for suggestion in diagnosis.suggestions if suggestion.key == "staging"]
+    held = [suggestion for suggestion in diagnosis.withheld if suggestion.key == "staging"]
+    assert [suggestion.value for suggestion in advised + held] == [staging]
+    (suggestion,) = advised or held
+    assert bool(advised) == passed and FITS in suggestion.fact
+    assert diagnosis.suggestions[0] is suggestion if passed else "alone" in suggestion.fact
+    unfitting = diagnose(window(0.5), {"sys/cpu_util": 60.0}, hardware, settings(choices=starved.choices))
+    assert "staging" not in {suggestion.key for suggestion in unfitting.suggestions + unfitting.withheld}
+
+
 def test_compute_bound():
     diagnosis = diagnose(window(0.02), {"sys/cpu_util": 50.0}, cores(AVX2, 8), DEFAULTS)
     assert diagnosis.bound == "compute"

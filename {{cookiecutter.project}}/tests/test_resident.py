@@ -11,6 +11,7 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as F
 
+from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.contracts import Layout, Stores
 from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.core.errors import ConfigError
@@ -239,3 +240,12 @@ def test_two_processes_each_hold_the_pack_and_train_every_image_once_an_epoch(tm
     result = summary(run_dir)
     assert result.processes == 2 and result.steps == 2 * 3  # 24 images, batches of 4 in each of 2 processes
     assert [(entry["checked"], entry["processes"], entry["trained"]) for entry in result.coverage] == [(True, 2, 24)] * 2
+
+
+@pytest.mark.full  # a starved epoch, 4 s
+def test_a_starved_run_on_a_pack_that_fits_is_advised_to_hold_it_on_the_device(train_in_process, packs):
+    result = train_in_process("format=tensor", "decoder=none", f"format.path={packs['tensor']}",
+                              "faults.read_delay_ms=20")
+    advice = [suggestion for suggestion in result.suggestions if suggestion["key"] == "staging"]
+    assert [suggestion["value"] for suggestion in advice] == [options.only("staging", "on_device")]
+    assert "fit in the cpu's" in advice[0]["fact"] and "waited for data" in advice[0]["fact"]

@@ -18,6 +18,7 @@ and what it can do, which generic code asks instead of naming it (absent: false)
       reads_runs: true         # ... whose records sit end to end: a run of them is one request
       copies_to_ram: true      # a staging that copies the data into RAM
       on_device: true          # a staging that holds a pixel pack in the device's memory and makes the batches there
+      passed_on: [cpu]         # the devices (cpu, cuda) its tests have passed on, where not every one: advised there alone
       in_runs: true            # an order that reads runs of consecutive records at once (formats that reads_runs)
       overlaps_copy: true      # a prefetcher that copies the next batch while the step computes
       ceiling: true            # ... that replays one batch: the compute ceiling, not a way to train
@@ -64,6 +65,7 @@ class Facts:
     reads_runs: bool = False
     copies_to_ram: bool = False
     on_device: bool = False
+    passed_on: tuple[str, ...] = ()
     in_runs: bool = False
     overlaps_copy: bool = False
     ceiling: bool = False

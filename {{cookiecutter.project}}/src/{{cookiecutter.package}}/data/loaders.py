@@ -27,6 +27,7 @@ from .device import ToDevice, UploadTimes
 from .fit import check_fit, check_order
 from .images import Images, Splits, make_splits
 from .order import FULL_SHUFFLE
+from .resident import fitting
 from .sampling import EpochBatches, EpochSampler, Shard, agreed_layout
 from .workers import pick_num_workers, work_of
 
@@ -39,6 +40,7 @@ class Loaders:
     splits: Splits
     upload_times: UploadTimes  # the training batches': waiting for the loader, and uploading (a batch decoder decodes)
     setup: dict[str, float]  # seconds opening the data (listing it, or reading a kept index), then picking workers
+    pack_fits: str | None = None  # a pixel pack read in loader workers that the device's memory could hold: the fact
 
     @property
     def classes(self) -> list[str]:
@@ -231,8 +233,10 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
                                 for _ in range(2))
     train = build(prefetcher, to_device=to_device, loader=train)  # 11
     val = build(prefetcher, to_device=val_to_device, loader=val)
+    held = not on_device and options.facts_of(format).holds_pixels  # the pack a staging on the device could hold
     return Loaders(train, val, settings["num_workers"], splits, to_device.times,
-                   setup={"data_s": opened - started, "workers_s": counted - opened})
+                   setup={"data_s": opened - started, "workers_s": counted - opened},
+                   pack_fits=fitting(whole, world.device) if held else None)
 
 
 def augment_training(train: Images, augment: DictConfig | None, decoding: Decoder, crop_size: int) -> str:

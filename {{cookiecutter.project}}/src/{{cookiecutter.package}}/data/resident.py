@@ -18,6 +18,7 @@ from dataclasses import asdict
 import numpy as np
 import psutil
 import torch
+from omegaconf import OmegaConf
 
 from .. import options
 from ..contracts import Layout, Order
@@ -172,6 +173,14 @@ def fits(stores, device: torch.device, reserve_gb: float) -> tuple[bool, str]:
 def amount(count: int) -> str:
     """Bytes in words: MiB under a GiB, GiB above."""
     return f"{count / 2**20:.1f} MiB" if count < GIB else f"{count / GIB:.2f} GiB"
+
+
+def fitting(stores, device: torch.device) -> str | None:
+    """Where a pixel pack would fit in the device's memory under this option's own settings, the fact, for the advice
+    to a run that reads it in loader workers; None where it would not."""
+    node = OmegaConf.load(options.CONF / "staging" / f"{options.only('staging', 'on_device')}.yaml")
+    enough, fact = fits(stores, device, node.reserve_gb)
+    return fact if enough else None
 
 
 class DeviceBatches:

@@ -45,6 +45,7 @@ class Settings:
     graphs_refused: str | None = None  # why this run could not replay CUDA graphs (loop/compile.py), if it could not
     cudnn: str = "default"
     crop_size: int = 224  # the training crop's (final) side
+    pack_fits: str | None = None  # the fact that the pixel pack it reads in loader workers fits in the device's memory
     choices: dict[str, str] = field(default_factory=dict)  # group -> option picked
 
     def option(self, group: str) -> str:

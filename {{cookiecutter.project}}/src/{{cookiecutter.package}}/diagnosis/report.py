@@ -151,7 +151,7 @@ def summarize(run: Run, cfg: DictConfig, top1: float, top5: float | None, hydra_
                         cuda_graphs=cfg.model.compile and uses_graphs(cfg.model.compile_mode),
                         graphs_refused=graphs_refused("reduce-overhead", cfg.train.accumulate,
                                                       len(run.loaders.crop_sizes(cfg.train.epochs))),
-                        crop_size=run.loaders.train_crop_size, choices=choices)
+                        crop_size=run.loaders.train_crop_size, pack_fits=run.loaders.pack_fits, choices=choices)
     diagnosis = diagnose(total, system, run.hardware, settings, ranks)
     return Summary(
         images_per_s=total.images_per_s, data_ms=total.data_ms, host_ms=total.host_ms, compute_ms=total.compute_ms,

@@ -95,7 +95,7 @@ def data_side(total: Window, system: dict[str, float], hardware: Hardware, setti
     """The device waits for batches: read, decode or copy them faster."""
     cpu, cores = system.get("sys/cpu_util", 0.0), hardware.cores
     waited = f"the {hardware.processor} waited for data {100 * total.data_frac:.0f}% of the time"
-    found: list[Suggestion] = []
+    found = on_the_device(hardware, settings, waited)
     workers = system.get("sys/loader_cpu", 0.0)
     if device_decoding_limits(system, settings):
         found += device_decoding_side(system, hardware, settings, CPU_SATURATED)
@@ -125,6 +125,17 @@ def data_side(total: Window, system: dict[str, float], hardware: Hardware, setti
                              why="Overlap each batch's copy with the previous step")
                   for option in options.having("prefetcher", "overlaps_copy")]
     return found
+
+
+def on_the_device(hardware: Hardware, settings: Settings, waited: str) -> list[Suggestion]:
+    """Hold the run's pixel pack in the device's memory and cut the batches there, where it fits and the staging that
+    does it has passed its tests on this kind of device."""
+    staging = options.only("staging", "on_device")
+    passed_on = options.facts("staging", staging).passed_on
+    if settings.pack_fits is None or (passed_on and hardware.device not in passed_on):
+        return []
+    return [Suggestion(key="staging", value=staging, side="data", fact=f"{waited}; {settings.pack_fits}",
+                       why="Hold the pack in the device's memory and cut each batch there, with no loader worker")]
 
 
 def epoch_start_side(total: Window, settings: Settings) -> list[Suggestion]:
@@ -241,11 +252,21 @@ def compute_side(total: Window, system: dict[str, float], hardware: Hardware, se
 
 
 def withheld(hardware: Hardware, settings: Settings) -> list[Suggestion]:
-    """Switches that pay off on other machines and would cost this one, with the hardware fact why."""
-    if hardware.native_bf16 or settings.precision == "bf16":
-        return []
-    return [Suggestion(key="precision", value="bf16", side="compute", fact=hardware.bf16_fact, tunable=False,
-                       why=f"Not advised here: bf16 autocast is emulated, slower than {faster_precision(hardware)}")]
+    """Switches that pay off on other machines and would cost this one, or have not passed their tests on this kind
+    of device, with the fact why."""
+    found = []
+    if not (hardware.native_bf16 or settings.precision == "bf16"):
+        found.append(Suggestion(key="precision", value="bf16", side="compute", fact=hardware.bf16_fact, tunable=False,
+                                why=f"Not advised here: bf16 autocast is emulated, slower than "
+                                f"{faster_precision(hardware)}"))
+    staging = options.only("staging", "on_device")
+    passed_on = options.facts("staging", staging).passed_on
+    if settings.pack_fits is not None and passed_on and hardware.device not in passed_on:
+        found.append(Suggestion(key="staging", value=staging, side="data", tunable=False,
+                                fact=f"its tests have passed on {', '.join(passed_on)} alone; {settings.pack_fits}",
+                                why=f"Not advised here until its tests pass on the {hardware.device} (make "
+                                "gpu-check)"))
+    return found
 
 
 RULES = {"data": data_side, "host": host_side, "compute": compute_side}
