@@ -16,7 +16,8 @@ kept in its run folder's train.log. Its schedule steps once per epoch; this loop
 row `schedule=epoch_cosine` steps as the reference's does. The two rows with `schedule.warmup_epochs=0` complete
 the 2x2 of warm-up on or off by per-step or per-epoch. The reference has no seed flag, so its runs differ by their
 random start alone. The row `experiment=fast_to_accuracy` trains that recipe, for its own epochs, in place of
-experiment=fashion_mnist.
+experiment=fashion_mnist; the row `experiment=fast_to_accuracy staging=device` trains it with the pack held in the
+device's memory, judged against that recipe's row.
 
 Each run's result is kept in its folder under --work (by row, epochs and seed), so the same command run again after
 a table was cut short trains only the runs it lacks. Beside it is what the run was trained from: its overrides, the
@@ -82,6 +83,8 @@ VARIANTS = {
     "precision=bf16": (["decoder=pil", "precision=bf16"], PIPELINE),
     "model.channels_last=true": (["decoder=pil", "model.channels_last=true"], PIPELINE),
     "experiment=fast_to_accuracy": (["experiment=fast_to_accuracy", "format.path={packs}/tensor"], PIPELINE),
+    "experiment=fast_to_accuracy staging=device":
+        (["experiment=fast_to_accuracy", "format.path={packs}/tensor", "staging=device"], "experiment=fast_to_accuracy"),
 }
 PACKS = {"lmdb": [], "tensor": [f"pack.short_side={SHORT_SIDE}"]}
 REFERENCE = "torchvision's references/classification/train.py"
