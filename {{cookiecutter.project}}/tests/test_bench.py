@@ -400,6 +400,10 @@ def test_packs_already_on_a_read_only_folder_are_measured_and_only_a_pack_to_wri
     ("bench.orders=[random,shuffled]", "bench.orders: shuffled is not one of conf/order's options: "
                                        + ", ".join(options.options("order"))),
     ("bench.decoders=pil", "bench.decoders=pil: pass a list, such as [{decoder}]"),
+    *((f"bench.stagings=[{name}]", f"bench.stagings: staging={name} cuts the batches on the device with no loader "
+       f"worker, and bench times loader workers: measure it with two training runs side by side, python -m "
+       f"{options.PACKAGE}.train ... staging={name} and staging={options.default('staging')}")
+      for name in options.having("staging", "on_device")),
 ])
 def test_what_bench_can_check_is_refused_in_one_line_before_it_packs(override, line, tiny_root, tmp_path):
     """A small data set used to be refused after four packs had been written (17 s for a folder of 350 photos)."""

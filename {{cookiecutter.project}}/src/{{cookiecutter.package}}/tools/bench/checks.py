@@ -34,6 +34,11 @@ def checked_source(cfg: DictConfig) -> Source:
             if name not in options.options(group):
                 raise ConfigError(f"bench.{setting}: {name} is not one of conf/{group}'s options: "
                                   f"{', '.join(options.options(group))}")
+    for name in settings.stagings:
+        if options.facts("staging", name).on_device:
+            raise ConfigError(f"bench.stagings: staging={name} cuts the batches on the device with no loader worker, "
+                              "and bench times loader workers: measure it with two training runs side by side, "
+                              f"python -m {options.PACKAGE}.train ... staging={name} and staging={options.default('staging')}")
     for format in settings.formats:  # a decoder that cannot run gets a row saying why; a format has none to give
         if why := options.facts("format", format).missing():
             raise ConfigError(f"bench.formats: format={format} cannot run here, {why}; or leave it out of bench.formats")
