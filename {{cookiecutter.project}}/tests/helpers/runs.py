@@ -18,7 +18,8 @@ from helpers.paths import CONF
 # on a synthetic set of 3 classes.
 TINY_SYNTHETIC = ["data.num_classes=3", "data.train_per_class=8", "data.val_per_class=4"]
 TINY_OPTIONS = {"profiler=torch": ["profiler.wait=1", "profiler.warmup=1", "profiler.active=1"],
-                "decoder=none": ["format=tensor"], "format=tensor": ["decoder=none"]}  # what each option needs beside it
+                "decoder=none": ["format=tensor"], "format=tensor": ["decoder=none"],
+                "staging=device": ["format=tensor", "decoder=none", "staging.reserve_gb=0"]}  # what each needs beside it
 
 # The network of every tiny run whose claim does not need ResNet-18 (a test that does names its model): torchvision's
 # smallest with BatchNorm and an `fc` head, as ResNet's, whose step on 32-pixel crops is a third of ResNet-18's and
