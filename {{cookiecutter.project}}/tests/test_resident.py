@@ -195,7 +195,7 @@ def test_a_pack_that_does_not_fit_is_refused_in_one_line_naming_both_sizes(tmp_p
 
 
 @pytest.mark.parametrize(("overrides", "refusal"), [
-    (("format=folder",), "staging=device crops decoded pixels on the device, and format=folder stores encoded files: "
+    (("format=folder", f"decoder={options.default('decoder')}"), "staging=device crops decoded pixels on the device, and format=folder stores encoded files: "
                          "pack them with format=tensor pack.short_side=<side> and train from that, or pick "
                          "staging=none"),
     (("format=tensor", "decoder=none", "augment=trivial_augment"),

@@ -33,7 +33,9 @@ def tiny(overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path) -> list[s
     picked = next((choice[5:] for choice in overrides if choice.startswith("data=")), options.default("data"))
     data = [f"data.cache_dir={cache_dir}", *TINY_SYNTHETIC] if picked in options.having("data", "built_in") \
         else [f"data.root={tiny_root}"]
-    needed = [shrink for choice, shrinks in TINY_OPTIONS.items() if choice in overrides for shrink in shrinks]
+    named = {override.split("=")[0] for override in overrides}  # what the overrides name themselves is theirs
+    needed = [shrink for choice, shrinks in TINY_OPTIONS.items() if choice in overrides for shrink in shrinks
+              if shrink.split("=")[0] not in named]
     packed = [f"format.path={cache_dir / f'packed-{choice[7:]}'}" for choice in [*needed, *overrides]
               if choice.startswith("format=") and choice != "format=folder"]
     staged = [f"staging.dir={cache_dir / 'staged'}", "staging.reserve_gb=0"] if "staging=tmpfs" in overrides else []
