@@ -7,6 +7,7 @@ import pytest
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core.hardware import Hardware
 from {{ cookiecutter.package }}.diagnosis.ranks import RankTimes, spread, straggler
+from {{ cookiecutter.package }}.diagnosis import verdict
 from {{ cookiecutter.package }}.diagnosis.verdict import Settings, bound, diagnose
 from {{ cookiecutter.package }}.loop.clock import Window
 
@@ -98,7 +99,8 @@ def test_a_precision_is_suggested_only_where_the_hardware_computes_it_natively(m
     diagnosis = diagnose(window(0.02), {"sys/cpu_util": 50.0}, hardware, DEFAULTS)
     precisions = {switch for switch in switches(diagnosis) if switch.startswith("precision=")}
     assert precisions == ({faster} if faster else set())
-    assert {f"{held_back.key}={held_back.value}" for held_back in diagnosis.withheld} == ({held} if held else set())
+    assert {f"{held_back.key}={held_back.value}" for held_back in diagnosis.withheld
+            if held_back.key == "precision"} == ({held} if held else set())
     if not hardware.native_bf16:
         assert not any("precision=bf16" in line for line in diagnosis.advice), "nothing advises bf16 where emulated"
     suggestion = next((suggestion for suggestion in diagnosis.suggestions if suggestion.key == "precision"), None)
@@ -140,20 +142,36 @@ def test_host_bound_gpu_asks_for_fewer_launches_and_syncs_not_for_loader_switche
     diagnosis = diagnose(window(0.03, 0.55), {"sys/cpu_util": 20.0}, cores(SM90, 8), settings(precision="fp16"))
     assert diagnosis.bound == "host"
     assert diagnosis.verdict.startswith("The host is the bottleneck: the GPU sat idle 55% of the time")
-    for switch in ("model.compile=true", "model.compile_mode=reduce-overhead model.compile=true", "train.batch_size",
-                   "model.channels_last=true", "precision=bf16", "train.log_every"):
+    for switch in ("model.compile=true", "train.batch_size", "model.channels_last=true", "precision=bf16",
+                   "train.log_every"):
         assert any(switch in line for line in diagnosis.advice), switch
     assert not any("loader." in line or "decoder=" in line or "prefetcher=" in line for line in diagnosis.advice)
     compiled = diagnose(window(0.03, 0.2), {}, cores(SM90, 8), settings(compile=True, log_every=100))
     assert "a partial bottleneck" in compiled.verdict
     assert not any("train.log_every" in line for line in compiled.advice)
-    assert "model.compile=true" not in switches(compiled) and "model.compile_mode=reduce-overhead" in switches(compiled)
-    graphed = diagnose(window(0.03, 0.2), {}, cores(SM90, 8), settings(compile=True, cuda_graphs=True))
-    assert not any(switch.startswith("model.compile") for switch in switches(graphed))
-    refused = diagnose(window(0.03, 0.2), {}, cores(SM90, 8), settings(compile=True, graphs_refused="accumulates"))
-    assert not any(switch.startswith("model.compile") for switch in switches(refused))
+    assert "model.compile=true" not in switches(compiled)
     before_ampere = diagnose(window(0.03, 0.55), {}, SM70, settings(precision="fp16"))
     assert not any("precision=bf16" in line for line in before_ampere.advice), "fp16 stays: no bf16 tensor cores"
+
+
+@pytest.mark.parametrize("passed_on", [(), ("cuda",)], ids=["graphs untested on a GPU", "graphs passed on a GPU"])
+def test_cuda_graphs_are_advised_to_a_host_bound_gpu_only_where_their_test_has_passed(passed_on, monkeypatch):
+    monkeypatch.setattr(verdict, "GRAPHS_PASSED_ON", passed_on)
+    graphs = "model.compile_mode=reduce-overhead"
+
+    def held(diagnosis) -> set[str]:
+        return {f"{suggestion.key}={suggestion.value}" for suggestion in diagnosis.withheld}
+
+    compiled = diagnose(window(0.03, 0.2), {}, cores(SM90, 8), settings(compile=True))
+    assert (graphs in switches(compiled), graphs in held(compiled)) == ((True, False) if passed_on else (False, True))
+    if not passed_on:
+        (why,) = [suggestion for suggestion in compiled.withheld if suggestion.key == "model.compile_mode"]
+        assert "has not passed on a GPU" in why.fact and not why.tunable
+    for cannot_gain in (settings(compile=True, cuda_graphs=True), settings(compile=True, graphs_refused="accumulates")):
+        diagnosis = diagnose(window(0.03, 0.2), {}, cores(SM90, 8), cannot_gain)
+        assert graphs not in switches(diagnosis) | held(diagnosis)
+    on_a_cpu = diagnose(window(0.03, 0.2), {}, cores(AVX2, 8), settings(compile=True))
+    assert graphs not in switches(on_a_cpu) | held(on_a_cpu)
 
 
 def test_both_idle_shares_noticeable_give_both_kinds_of_advice_the_bound_first():

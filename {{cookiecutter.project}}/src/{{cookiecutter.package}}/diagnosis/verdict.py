@@ -12,6 +12,7 @@ from .. import options
 from ..core.hardware import Hardware
 from ..data.crops import TrainCrop
 from ..loop.clock import Window
+from ..loop.compile import GRAPHS_PASSED_ON
 from .advice import Settings, Suggestion
 from .ranks import RankTimes, straggler
 from .storage import (device_decoding_limits, device_decoding_side, loader_cause, storage_limits, storage_side,
@@ -184,7 +185,7 @@ def host_side(total: Window, system: dict[str, float], hardware: Hardware, setti
     if hardware.on_gpu and not settings.compile:
         found.append(Suggestion(key="model.compile", value="true", side="host", fact=idle,
                                 why="Fuse the step's many small kernels into few, so the host launches less"))
-    if hardware.on_gpu and not settings.cuda_graphs and settings.graphs_refused is None:
+    if graphs_would_help(hardware, settings) and hardware.device in GRAPHS_PASSED_ON:
         found.append(Suggestion(key="model.compile_mode", value="reduce-overhead", side="host", fact=idle,
                                 why="Record the step as CUDA graphs and replay it with one launch",
                                 also={"model.compile": "true"}))
@@ -251,6 +252,12 @@ def compute_side(total: Window, system: dict[str, float], hardware: Hardware, se
                        "model.name, or add devices with torchrun")]
 
 
+def graphs_would_help(hardware: Hardware, settings: Settings) -> bool:
+    """Whether replaying the step as CUDA graphs could cut this run's launches: on a GPU, not replaying them yet,
+    and with steps that can replay them."""
+    return hardware.on_gpu and not settings.cuda_graphs and settings.graphs_refused is None
+
+
 def withheld(hardware: Hardware, settings: Settings) -> list[Suggestion]:
     """Switches that pay off on other machines and would cost this one, or have not passed their tests on this kind
     of device, with the fact why."""
@@ -266,6 +273,12 @@ def withheld(hardware: Hardware, settings: Settings) -> list[Suggestion]:
                                 fact=f"its tests have passed on {', '.join(passed_on)} alone; {settings.pack_fits}",
                                 why=f"Not advised here until its tests pass on the {hardware.device} (make "
                                 "gpu-check)"))
+    if graphs_would_help(hardware, settings) and hardware.device not in GRAPHS_PASSED_ON:
+        found.append(Suggestion(key="model.compile_mode", value="reduce-overhead", side="host", tunable=False,
+                                fact=f"their training test has not passed on a {hardware.processor} yet "
+                                "(docs/switches.md)",
+                                why="Not advised here until it does (make gpu-check): CUDA graphs would replay the "
+                                "step with one launch"))
     return found
 
 
