@@ -32,6 +32,15 @@ def switches(diagnosis) -> set[str]:
     return {f"{suggestion.key}={suggestion.value}" for suggestion in diagnosis.suggestions}
 
 
+def held(diagnosis) -> set[str]:
+    return {f"{suggestion.key}={suggestion.value}" for suggestion in diagnosis.withheld}
+
+
+def offered_on_a_gpu(group: str, option: str) -> bool:
+    """Whether the option's tests have passed on a GPU (its facts' passed_on): the verdict withholds it there if not."""
+    return not options.facts(group, option).passed_on or "cuda" in options.facts(group, option).passed_on
+
+
 @pytest.mark.parametrize(("data", "host", "expected"), [
     (0.02, 0.0, "compute"), (0.09, 0.09, "compute"), (0.12, 0.05, "data"), (0.05, 0.15, "host"),
     (0.6, 0.2, "data"), (0.2, 0.25, "host")])
@@ -158,10 +167,6 @@ def test_host_bound_gpu_asks_for_fewer_launches_and_syncs_not_for_loader_switche
 def test_cuda_graphs_are_advised_to_a_host_bound_gpu_only_where_their_test_has_passed(passed_on, monkeypatch):
     monkeypatch.setattr(verdict, "GRAPHS_PASSED_ON", passed_on)
     graphs = "model.compile_mode=reduce-overhead"
-
-    def held(diagnosis) -> set[str]:
-        return {f"{suggestion.key}={suggestion.value}" for suggestion in diagnosis.withheld}
-
     compiled = diagnose(window(0.03, 0.2), {}, cores(SM90, 8), settings(compile=True))
     assert (graphs in switches(compiled), graphs in held(compiled)) == ((True, False) if passed_on else (False, True))
     if not passed_on:
@@ -278,8 +283,11 @@ def test_a_run_waiting_on_the_devices_decoding_is_not_told_to_stage_pack_or_add_
     assert f"decoder={options.fastest_cpu_decoder()}" in switches(diagnosis)  # the CPU is 30% busy: room to decode
     regional = {f"decoder={name}" for name in BATCH_DECODERS if options.facts("decoder", name).region_decode
                 and not options.facts("decoder", name).missing()}
-    assert (regional <= switches(diagnosis)) if not options.facts("decoder", decoder).region_decode \
-        else not regional & switches(diagnosis)
+    if options.facts("decoder", decoder).region_decode:
+        assert not regional & (switches(diagnosis) | held(diagnosis))
+    else:  # offered where their tests have passed on a GPU, withheld where not
+        assert {name for name in regional if offered_on_a_gpu("decoder", name[8:])} <= switches(diagnosis)
+        assert {name for name in regional if not offered_on_a_gpu("decoder", name[8:])} <= held(diagnosis)
     # The same figures from a decoder whose workers decode: those workers did wait on storage.
     in_workers = settings(num_workers=2, choices={"decoder": "pil", "format": "folder", "staging": "none"})
     assert "waiting on storage" in diagnose(window(0.4), DECODING_ON_THE_DEVICE, SM90, in_workers).verdict
@@ -309,9 +317,11 @@ def test_partial_bottleneck_and_pageable_copies():
 
 def test_saturated_cpu_points_at_lighter_decoding_that_the_run_does_not_use_yet():
     busy = {"sys/cpu_util": 97.0, "sys/iowait": 0.0}
-    advice = diagnose(window(0.6), busy, SM90, settings(choices={"decoder": "pil", "format": "folder"})).advice
+    on_a_gpu = diagnose(window(0.6), busy, SM90, settings(choices={"decoder": "pil", "format": "folder"}))
+    advice = on_a_gpu.advice
     assert any(f"decoder={options.fastest_cpu_decoder()}" in line for line in advice)
-    assert any("decoder=nvjpeg" in line for line in advice)
+    for decoder in options.gpu_options("decoder"):  # offered where its tests have passed on a GPU, withheld elsewhere
+        assert f"decoder={decoder}" in (switches if offered_on_a_gpu("decoder", decoder) else held)(on_a_gpu)
     assert any("format=tensor" in line for line in advice)
     on_a_cpu = diagnose(window(0.6), busy, AVX2, settings(choices={"decoder": "pil", "format": "folder"})).advice
     assert not any("decoder=nvjpeg" in line or "decoder=dali" in line for line in on_a_cpu), "no GPU to decode on"

@@ -6,7 +6,7 @@ those records; each names the measurement or hardware fact that makes it apply h
 machine cannot profit from (bf16 where it is emulated) is not suggested; it is `withheld`, with its fact.
 """
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import options
 from ..core.hardware import Hardware
@@ -89,7 +89,28 @@ def diagnose(total: Window, system: dict[str, float], hardware: Hardware, settin
     sides = [first, *(other for other, share in shares.items() if other != first and share >= NOTICEABLE)]
     suggestions = [suggestion for side in sides for suggestion in RULES[side](total, system, hardware, settings)]
     suggestions += epoch_start_side(total, settings)
-    return Diagnosis(first, verdict, suggestions, withheld(hardware, settings), shares["data"])
+    proven = [suggestion for suggestion in suggestions if passed_here(suggestion, hardware)]
+    untested = [untested_here(suggestion, hardware) for suggestion in suggestions if suggestion not in proven]
+    return Diagnosis(first, verdict, proven, withheld(hardware, settings) + untested, shares["data"])
+
+
+def passed_on(suggestion: Suggestion) -> tuple[str, ...]:
+    """The devices the option a suggestion picks has passed its tests on (its facts' passed_on); empty where it has
+    on every one, or where the suggestion picks no option."""
+    if suggestion.key not in options.options_groups() or suggestion.value is None:
+        return ()
+    return options.facts(suggestion.key, suggestion.value).passed_on
+
+
+def passed_here(suggestion: Suggestion, hardware: Hardware) -> bool:
+    return not passed_on(suggestion) or hardware.device in passed_on(suggestion)
+
+
+def untested_here(suggestion: Suggestion, hardware: Hardware) -> Suggestion:
+    """The suggestion withheld, with the devices its tests have passed on as the fact."""
+    return replace(suggestion, tunable=False, why=f"Not advised here until its tests pass on the {hardware.device} "
+                   f"(make gpu-check): {suggestion.why[0].lower()}{suggestion.why[1:]}",
+                   fact=f"its tests have passed on {', '.join(passed_on(suggestion))} alone; {suggestion.fact}")
 
 
 def data_side(total: Window, system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
@@ -129,12 +150,10 @@ def data_side(total: Window, system: dict[str, float], hardware: Hardware, setti
 
 
 def on_the_device(hardware: Hardware, settings: Settings, waited: str) -> list[Suggestion]:
-    """Hold the run's pixel pack in the device's memory and cut the batches there, where it fits and the staging that
-    does it has passed its tests on this kind of device."""
-    staging = options.only("staging", "on_device")
-    passed_on = options.facts("staging", staging).passed_on
-    if settings.pack_fits is None or (passed_on and hardware.device not in passed_on):
+    """Hold the run's pixel pack in the device's memory and cut the batches there, where it fits."""
+    if settings.pack_fits is None:
         return []
+    staging = options.only("staging", "on_device")
     return [Suggestion(key="staging", value=staging, side="data", fact=f"{waited}; {settings.pack_fits}",
                        why="Hold the pack in the device's memory and cut each batch there, with no loader worker")]
 
@@ -266,13 +285,6 @@ def withheld(hardware: Hardware, settings: Settings) -> list[Suggestion]:
         found.append(Suggestion(key="precision", value="bf16", side="compute", fact=hardware.bf16_fact, tunable=False,
                                 why=f"Not advised here: bf16 autocast is emulated, slower than "
                                 f"{faster_precision(hardware)}"))
-    staging = options.only("staging", "on_device")
-    passed_on = options.facts("staging", staging).passed_on
-    if settings.pack_fits is not None and passed_on and hardware.device not in passed_on:
-        found.append(Suggestion(key="staging", value=staging, side="data", tunable=False,
-                                fact=f"its tests have passed on {', '.join(passed_on)} alone; {settings.pack_fits}",
-                                why=f"Not advised here until its tests pass on the {hardware.device} (make "
-                                "gpu-check)"))
     if graphs_would_help(hardware, settings) and hardware.device not in GRAPHS_PASSED_ON:
         found.append(Suggestion(key="model.compile_mode", value="reduce-overhead", side="host", tunable=False,
                                 fact=f"their training test has not passed on a {hardware.processor} yet "
