@@ -50,8 +50,13 @@ def test_the_loader_times_tell_reading_from_decoding(read_s, transform_s):
     loaded = list(torch.utils.data.DataLoader(images, batch_size=2, num_workers=2))
     assert len(loaded) == 4
     values = monitor.sample()
-    assert values["loader/read_ms"] == pytest.approx(1000 * read_s, rel=0.5, abs=1.0)
-    assert values["loader/decode_ms"] == pytest.approx(1000 * transform_s, rel=0.5, abs=1.0)
+    measured = {"read": values["loader/read_ms"], "decode": values["loader/decode_ms"]}
+    slept = {"read": 1000 * read_s, "decode": 1000 * transform_s}
+    longer, shorter = sorted(slept, key=slept.get, reverse=True)
+    # A sleep never ends early, and on a busy core a 2 ms one overruns: the short one is bounded below, and by the
+    # ratio to the long one (10 slept), which the same load stretches far less.
+    assert measured[longer] == pytest.approx(slept[longer], rel=0.5)
+    assert measured[shorter] >= 0.95 * slept[shorter] and measured[longer] / measured[shorter] > 3
     assert (values["loader/read_share"] > 50) == (read_s > transform_s)
     assert monitor.sample()["loader/read_share"] == 0.0  # nothing loaded since: no figure carried over
 
