@@ -57,6 +57,9 @@ def test_training_top1_is_logged_per_window_and_the_epochs_is_reported_beside_va
     (line,) = [record.getMessage() for record in caplog.records if "val top-1" in record.getMessage()]
     assert line == (f"epoch 1 step 6: val top-1 {summary.val_top1:.2f}% (chance 33.33%); train top-1 "
                     f"{summary.train_top1:.2f}% on the epoch's batches")
+    run_dir = train_in_process.run_dir  # the report's last line says where to read it again
+    assert caplog.records[-1].getMessage().endswith(
+        f"this report is kept in {run_dir / 'train.log'}, its figures in {run_dir / 'summary.json'}")
 
 
 def test_a_run_in_blocks_trains_every_step_and_keeps_the_layout_its_epoch_was_drawn_for(train_in_process):

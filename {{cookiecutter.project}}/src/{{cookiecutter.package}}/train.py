@@ -234,7 +234,8 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
     summary = summarize(run, cfg, top1, top5, HydraConfig.get())
     if world.is_main:
         summary.write(run_dir / "summary.json")
-        log.info("%s\nsummary: %s", format_report(summary), run_dir / "summary.json")
+        log.info("%s\nthis report is kept in %s, its figures in %s", format_report(summary), run_dir / "train.log",
+                 run_dir / "summary.json")
     return summary
 
 
