@@ -1,17 +1,16 @@
-"""Tell the user what to run next."""
+"""Tell the user what to run next: the first steps the root README and the baked README give."""
 import os
 
 print(
     f"""
 Baked {{ cookiecutter.project }} in {os.getcwd()}
 
-Next steps:
+First steps:
   cd {{ cookiecutter.project }}
-  pip install -e '.[dev]'
-  python -m {{ cookiecutter.package }}.train                               # synthetic data, CPU or GPU
-  python -m {{ cookiecutter.package }}.train data=folder data.root=/path/to/photos   # train/<class>/*.jpg, val/<class>/*.jpg
-  pytest
+  pip install -e .                                            # to train; extras only for the options that need them
+  python -m {{ cookiecutter.package }}.train experiment=cpu_quick    # a first run: minutes on a laptop CPU, then its report
+  make test                                                   # the fast tests, once pip install -e '.[dev]' adds pytest
 
-Every run ends with a report saying whether data loading is the bottleneck, and which switch to flip.
+Then your own photos: the baked README's first section.
 """
 )

@@ -58,6 +58,28 @@ def test_command_line_bake(template, tmp_path):
     assert "python -m cli_bake.train" in result.stdout  # the post-generation hook's next steps
 
 
+def first_steps(text: str, package: str) -> list[str]:
+    """The install, first-run and test commands in `text`, in order, without their comments."""
+    commands = [line.split("#")[0].strip() for line in text.splitlines()]
+    return [command for command in commands
+            if command.startswith(("pip install -e", f"python -m {package}.train", "make test"))]
+
+
+def test_the_readmes_and_the_bake_give_the_same_first_steps(template, tmp_path):
+    """One first hour: a plain install to train, a first run named in full, then the tests, said alike by the
+    template's README, the bake's closing lines and the baked README's first section."""
+    result = cookiecutter_cli(template, tmp_path, "project=first-hour")
+    assert result.returncode == 0, result.stderr
+    readme = (template / "README.md").read_text().split("## Baking your own project\n", 1)[1].split("```", 2)[1]
+    baked = (tmp_path / "first-hour/README.md").read_text()
+    assert baked.split("\n## ")[1].startswith("First steps\n")
+    said = {"template README": first_steps(readme.replace("fasttrain_project", "first_hour"), "first_hour"),
+            "bake": first_steps(result.stdout, "first_hour"),
+            "baked README": first_steps(baked.split("\n## ")[1], "first_hour")}
+    assert said["bake"] == ["pip install -e .", "python -m first_hour.train experiment=cpu_quick", "make test"]
+    assert said["template README"] == said["bake"] == said["baked README"], said
+
+
 @pytest.mark.parametrize(("answer", "message"), [
     ("package=torch", "package 'torch' would shadow the module of the same name"),
     ("package=json", "package 'json' would shadow the module of the same name"),
