@@ -11,7 +11,7 @@ from PIL import Image
 
 from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.core.distributed import World
-from {{ cookiecutter.package }}.loop.evaluate import accuracy, evaluate
+from {{ cookiecutter.package }}.loop.validate import accuracy, score
 from {{ cookiecutter.package }}.loop.precision import Precision
 from {{ cookiecutter.package }}.tools import evaluate as command
 from {{ cookiecutter.package }}.tools.pack import pack
@@ -30,12 +30,12 @@ def test_accuracy_counts_the_targets_within_the_top_k():
     assert accuracy(output, target, topk=(1, 2, 5)).tolist() == [1, 1, 3]  # top-5 of 3 classes: all of them
 
 
-def test_evaluate_gives_percentages_over_the_batches_it_may_see():
+def test_validation_gives_percentages_over_the_batches_it_may_see():
     right = (torch.eye(3), torch.arange(3))  # the identity "model" ranks each label first
     wrong = (torch.eye(3), torch.tensor([1, 2, 0]))
     world, precision = World(0, 0, 1, CPU), Precision("fp32", CPU)
-    assert evaluate(torch.nn.Identity(), [right, wrong], precision, world) == (50.0, 100.0)
-    assert evaluate(torch.nn.Identity(), [right, wrong], precision, world, limit_batches=1) == (100.0, 100.0)
+    assert score(torch.nn.Identity(), [right, wrong], precision, world) == (50.0, 100.0)
+    assert score(torch.nn.Identity(), [right, wrong], precision, world, limit_batches=1) == (100.0, 100.0)
 
 
 # Two photos of each colour in its own folder; a red one filed under cyan (the model ranks cyan last for red: a top-1

@@ -149,13 +149,13 @@ def test_train_ema_decay_validates_and_saves_the_average_that_evaluate_uses(trai
     from {{ cookiecutter.package }}.loop.model import trained_model
 
     scored = []  # the weights each validation scored, beside the live ones
-    evaluate = train_module.evaluate
+    score = train_module.score
 
     def recording(model, *args, **kwargs):
         scored.append({name: tensor.clone() for name, tensor in model.state_dict().items()})
-        return evaluate(model, *args, **kwargs)
+        return score(model, *args, **kwargs)
 
-    monkeypatch.setattr(train_module, "evaluate", recording)
+    monkeypatch.setattr(train_module, "score", recording)
     summary = train_in_process("train.ema_decay=0.9", "train.epochs=2")
     last, inference = load_trained(str(train_in_process.run_dir / "last.pt"), torch.device("cpu"))
     assert len(scored) == 2 and last["ema"]["updates"] == summary.steps
@@ -228,13 +228,13 @@ def test_training_sizes_reach_the_workers_each_epoch_and_validation_keeps_the_cr
     mix = BatchMix.__call__
     monkeypatch.setattr(BatchMix, "__call__", lambda self, images, labels: (trained.append(images.shape[-2:]),
                                                                             mix(self, images, labels))[1])
-    evaluate = train_module.evaluate
+    score = train_module.score
 
     def recording(model, loader, *args, **kwargs):
-        return evaluate(model, ((validated.append(images.shape[-2:]), (images, labels))[1] for images, labels in loader),
+        return score(model, ((validated.append(images.shape[-2:]), (images, labels))[1] for images, labels in loader),
                         *args, **kwargs)
 
-    monkeypatch.setattr(train_module, "evaluate", recording)
+    monkeypatch.setattr(train_module, "score", recording)
     train_in_process(*overrides)
     assert [tuple(shape) for shape in trained] == [(size, size) for size in sizes]
     assert {tuple(shape) for shape in validated} == {(32, 32)}

@@ -39,7 +39,7 @@ from .loop.accuracy import time_to_accuracy
 from .loop.assemble import make_data, make_limits, make_optimization, make_weights
 from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
 from .loop.clock import make_clock
-from .loop.evaluate import evaluate, shows_top5
+from .loop.validate import score, shows_top5
 from .loop.logger import NullLogger
 from .loop.meter import TrainMeter
 from .loop.model import load_weights
@@ -169,7 +169,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
 def validate(run: Run) -> tuple[float, float | None]:
     """Validation top-1 and top-5, logged with the chance level and the epoch's training top-1; top-5 is None with 5
     classes or fewer."""
-    top1, top5 = evaluate(run.weights.average.model, run.forensics.watch(run.loaders.val), run.precision, run.world,
+    top1, top5 = score(run.weights.average.model, run.forensics.watch(run.loaders.val), run.precision, run.world,
                           run.limits.limit_val_batches)
     classes = len(run.loaders.classes)
     top5 = top5 if shows_top5(classes) else None

@@ -13,7 +13,7 @@ from ..core.distributed import World, setup
 from ..core.files import write_atomic
 from ..data.loaders import make_loaders
 from ..loop.checkpoint import Inference, load_trained
-from ..loop.evaluate import confusion, shows_top5
+from ..loop.validate import confusion, shows_top5
 from ..loop.model import trained_model
 from ..loop.precision import Precision
 from .confusion import draw_confusion

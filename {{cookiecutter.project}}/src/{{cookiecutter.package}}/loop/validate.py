@@ -18,7 +18,7 @@ def accuracy(output: torch.Tensor, target: torch.Tensor, topk: tuple[int, ...]) 
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader, precision: Precision, world: World,
+def score(model: torch.nn.Module, loader, precision: Precision, world: World,
              limit_batches: int | None = None) -> tuple[float, float]:
     """Top-1 and top-5 in percent over `loader` (its first `limit_batches` only, if given), summed over processes."""
     model.eval()
