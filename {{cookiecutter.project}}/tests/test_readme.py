@@ -18,9 +18,7 @@ MAX_LINES = 300
 MAX_WORDS = 60
 # Pages whose paragraphs may run long, each with its reason. A page here that has no long paragraph left fails, so
 # that it leaves this table once it is reflowed.
-LONG_PARAGRAPHS_ALLOWED = {
-    "history.md": "old measurements kept as they were written; no one looks figures up there",
-}
+LONG_PARAGRAPHS_ALLOWED = {}
 
 
 def section(title: str) -> str:
@@ -162,5 +160,5 @@ def test_every_relative_link_leads_to_a_file_and_heading_that_exist(page):
 
 def test_each_docs_page_opens_with_its_commands():
     """A topic page starts with its title, then a bash block of the commands it is about."""
-    topics = [page for page in DOCS if page.name not in ("benchmarks.md", "history.md")]
+    topics = [page for page in DOCS if page.name != "benchmarks.md"]
     assert [page.name for page in topics if not re.match(r"# .+\n\n```bash\n", page.read_text())] == []
