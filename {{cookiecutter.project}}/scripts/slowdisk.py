@@ -143,7 +143,7 @@ def slow_passthrough(mfusepy, source: str, profile: Profile, evict_every: float,
                     time.sleep(milliseconds / 1000)
 
         def init(self, path: str) -> None:
-            # The session, for dropping cached pages from outside a request.
+            # The FUSE session, for dropping cached pages from outside a request.
             self.fuse = ctypes.c_void_p(mfusepy._libfuse.fuse_get_context().contents.fuse)
             if evict_every > 0:
                 threading.Thread(target=self.evict, daemon=True, name="evict").start()

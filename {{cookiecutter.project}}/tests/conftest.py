@@ -14,8 +14,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-# What the project keeps for later runs (worker counts, file indexes) goes to a folder of the session's own, not the
-# user's cache: set before the package is imported, and inherited by every command line the tests run.
+# What the project keeps for later runs (worker counts, file indexes) goes to a folder of the pytest session's own,
+# not the user's cache: set before the package is imported, and inherited by every command line the tests run.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="test-cache-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 # logger=wandb in the tests: offline (no API key), its settings in that folder too; nothing leaves the machine.
@@ -40,8 +40,8 @@ from helpers.paths import CONF, PROJECT  # noqa: E402
 from helpers.processes import QUIET, cli_command  # noqa: E402
 from helpers.runs import hydra_run, tiny  # noqa: E402
 
-# A failing test's traceback can keep a loader's persistent workers alive to the end of the session; they ignore the
-# SIGTERM multiprocessing sends them at exit, which would then wait for them forever. Registered after
+# A failing test's traceback can keep a loader's persistent workers alive to the end of the pytest session; they ignore
+# the SIGTERM multiprocessing sends them at exit, which would then wait for them forever. Registered after
 # multiprocessing's own exit handler, this runs first.
 atexit.register(end_workers)
 
@@ -87,7 +87,7 @@ def tree_with_bad_files(tmp_path):
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """Where data=synthetic writes its files; shared by the session so they are made once."""
+    """Where data=synthetic writes its files; shared by the pytest session so they are made once."""
     return tmp_path_factory.mktemp("cache")
 
 
@@ -101,7 +101,7 @@ def tiny_root(cache_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def packs(cache_dir, tiny_root) -> dict[str, Path]:
-    """The tiny tree packed into every packed format, once per session."""
+    """The tiny tree packed into every packed format, once per pytest session."""
     from {{ cookiecutter.package }}.tools.pack import pack
 
     packed = {}

@@ -15,7 +15,7 @@ from {{ cookiecutter.package }}.data.format import folder
 from {{ cookiecutter.package }}.data.format.folder import FileIndex, ImageFiles, list_split
 from {{ cookiecutter.package }}.data.images import Images
 
-KEPT = Path(os.environ["XDG_CACHE_HOME"]) / options.PACKAGE / "index"  # conftest's session cache
+KEPT = Path(os.environ["XDG_CACHE_HOME"]) / options.PACKAGE / "index"  # conftest's cache for the pytest session
 
 
 def tree(root: Path, classes: int, per_class: int) -> Path:

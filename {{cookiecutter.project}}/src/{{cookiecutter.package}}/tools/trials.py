@@ -129,7 +129,7 @@ def run_command(command: list[str], folder: Path, timeout_s: float, env: dict[st
     reason. It is stopped when `judge` says so or once `timeout_s` have passed (exit code STOPPED)."""
     progress, began = Progress(folder), time.monotonic()
     with tempfile.TemporaryFile("w+") as stderr:  # a file, not a pipe, which a long trial could fill and block on
-        # A session of its own: stopping it ends its loader workers too.
+        # A process session of its own: stopping it ends its loader workers too.
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, text=True, env=env,
                                    start_new_session=True)
         try:

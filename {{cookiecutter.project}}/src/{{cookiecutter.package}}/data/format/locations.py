@@ -108,8 +108,9 @@ class Http:
     """An HTTP(S) address whose server answers HEAD and Range requests, as a static file server, a CDN or the Hugging
     Face Hub's file URLs (which redirect to their CDN) do. Redirects are followed; any answer but a 2xx is an error.
     A bearer token from the environment variable `token_env`, where it is set, goes to format.path's host alone:
-    requests drops it on a redirect to another host, as the Hub's CDN wants. Each process opens its own session, and
-    a request a server answers 429 or 5xx to, or drops, is made again up to RETRIES times, waiting longer each time."""
+    requests drops it on a redirect to another host, as the Hub's CDN wants. Each process opens its own HTTP session,
+    and a request a server answers 429 or 5xx to, or drops, is made again up to RETRIES times, waiting longer each
+    time."""
     remote = True
     RETRIES, BACKOFF = 3, 0.5  # the seconds waited before the second try; twice that before each one after
 
