@@ -1,11 +1,17 @@
-"""The pages agree with the code, mechanically: every pointer to a section finds it where it says."""
+"""The pages agree with the code, mechanically: every pointer to a section finds it where it says, and every
+`outputs/` path a page shows is the run folder its command writes."""
 import re
 
 import pytest
+from omegaconf import OmegaConf
 
-from helpers.paths import PACKAGE, PROJECT
+from {{ cookiecutter.package }}.core import resolvers
+
+from helpers.paths import CONF, PACKAGE, PROJECT
 
 PAGES = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md")), PROJECT / "src" / PACKAGE / "data/README.md"]
+# Each command's config: conf/<command>.yaml, and export's in its own folder (its format= names export formats).
+COMMANDS = {path.stem: path for path in [*sorted(CONF.glob("*.yaml")), CONF / "export/export.yaml"]}
 # Pages whose pointers are not checked yet, each with its reason. A page here with no unnamed pointer left fails, so
 # that it leaves this table once it is mended.
 POINTERS_UNCHECKED = {
@@ -103,3 +109,72 @@ def test_the_pointer_rule_finds_what_each_pointer_names():
             "(see \"Gone\"), not (\"Early\", below). The table below.\n\n## Late\n\n| a |\n|---|\n| the row below |\n\n"
             "The table above.\n")
     assert misplaced(page) == ["(below)", "see \"Gone\"", "(\"Early\", below)", "The table below.", "the row below"]
+
+
+CLOCK = {"%Y-%m-%d": "<date>", "%H-%M-%S": "<time>"}  # how pages write the parts of a run folder's time
+
+
+def run_folders(monkeypatch) -> dict[str, list[str]]:
+    """Each command's run folder as a page writes it, from its config's hydra.run.dir: <date> and <time> for the
+    clock's parts, <id> for torchrun's rendezvous id."""
+    folders = {}
+    for command, path in COMMANDS.items():
+        raw = OmegaConf.to_container(OmegaConf.load(path).hydra.run)["dir"]
+        forms = []
+        for run_id in (resolvers.NO_RENDEZVOUS_ID, "<id>"):
+            with monkeypatch.context() as patch:  # run_name()'s folder, its time format left unformatted
+                patch.setenv("TORCHELASTIC_RUN_ID", run_id)
+                patch.setattr(resolvers.time, "strftime", lambda pattern, *_: pattern)
+                folder = re.sub(r"\$\{now:([^}]*)\}", r"\1", raw.replace("${run_name:}", resolvers.run_name()))
+            for part, word in CLOCK.items():
+                folder = folder.replace(part, word)
+            assert "${" not in folder and "%" not in folder, f"{command}: {raw} has a part pages cannot write"
+            forms += [folder] if folder not in forms else []
+        folders[command] = forms
+    return folders
+
+
+def as_pattern(folder: str) -> str:
+    """A run folder's regular expression: the clock's parts as words or as digits, an <id> as any word in <>."""
+    pattern = re.escape(folder).replace(re.escape("<date>"), r"(?:<date>|\d{4}-\d\d-\d\d)")
+    pattern = pattern.replace(re.escape("<time>"), r"(?:<time>|\d\d-\d\d-\d\d)")
+    return pattern.replace(re.escape("<id>"), r"<[^>]+>")
+
+
+def code_of(command: str) -> str:
+    """The text of what a command runs: its module, its tools/ module or package, its config; for train, the package
+    but tools/ and the other commands' modules."""
+    package = PROJECT / "src" / PACKAGE
+    if command == "train":
+        files = [path for path in package.rglob("*.py") if path.relative_to(package).parts[0] != "tools"
+                 and not (path.parent == package and path.stem in COMMANDS and path.stem != "train")]
+    else:
+        files = [package / f"{command}.py", *package.glob(f"tools/{command}.py"), *package.glob(f"tools/{command}/*.py")]
+    return "\n".join(path.read_text() for path in [*files, COMMANDS[command]])
+
+
+def shown_paths(text: str) -> list[str]:
+    return [path.rstrip(".,;:") for path in re.findall(r"outputs/(?:<[^>\n]*>|[^\s`\"'()<>\[\]|])*", text)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(PROJECT)))
+def test_every_outputs_path_a_page_shows_is_a_run_folder_its_command_writes(page, monkeypatch):
+    """Each path is a command's run folder as its config's hydra.run.dir makes it, and a file in it is one that
+    command's code names: tune's command.txt is not in train's folder."""
+    folders = run_folders(monkeypatch)
+    wrong = []
+    for path in shown_paths(page.read_text()):
+        writers = [(command, match.group(1)) for command, forms in folders.items() for form in forms
+                   if (match := re.fullmatch(rf"{as_pattern(form)}(?:/([^/]+).*)?", path))]
+        if not any(file is None or re.search(rf"(?<![\w.]){re.escape(file)}(?!\w)", code_of(command))
+                   for command, file in writers):
+            wrong.append(path)
+    assert wrong == [], f"no command's run folder, or a file its command does not write; the folders: {folders}"
+
+
+def test_run_folders_come_from_each_commands_config(monkeypatch):
+    folders = run_folders(monkeypatch)
+    assert folders["train"] == ["outputs/<date>/<time>", "outputs/torchrun-<id>"]
+    assert folders["tune"] == ["outputs/tune/<date>_<time>"]
+    assert shown_paths("`outputs/torchrun-<rendezvous id>` (a plain run uses outputs/<date>/<time>).") == \
+        ["outputs/torchrun-<rendezvous id>", "outputs/<date>/<time>"]
