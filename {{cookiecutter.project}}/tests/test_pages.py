@@ -1,6 +1,8 @@
-"""The pages agree with the code, mechanically: every pointer to a section finds it where it says, and every
-`outputs/` path a page shows is the run folder its command writes."""
+"""The pages agree with the code, mechanically: every pointer to a section finds it where it says, every `outputs/`
+path a page shows is the run folder its command writes, and a defaults-list comment that names options of its group
+names all of them."""
 import re
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -178,3 +180,37 @@ def test_run_folders_come_from_each_commands_config(monkeypatch):
     assert folders["tune"] == ["outputs/tune/<date>_<time>"]
     assert shown_paths("`outputs/torchrun-<rendezvous id>` (a plain run uses outputs/<date>/<time>).") == \
         ["outputs/torchrun-<rendezvous id>", "outputs/<date>/<time>"]
+
+
+def defaults_comments(path: Path) -> list[tuple[Path, str, str]]:
+    """(the group's folder, the option picked, its comment and the comment lines under it) of each `group: option`
+    entry of a config file's defaults list."""
+    entries, inside = [], False
+    for line in path.read_text().splitlines():
+        if line.startswith("defaults:"):
+            inside = True
+        elif inside and (entry := re.match(r"\s+- (?:override )?(/?[\w/]+): (\S+)\s*(?:#(.*))?$", line)):
+            group, option, comment = entry.groups()
+            folder = CONF / group[1:] if group.startswith("/") else path.parent / group
+            entries.append((folder, option, comment or ""))
+        elif inside and entries and re.match(r"\s+#", line):
+            folder, option, comment = entries[-1]
+            entries[-1] = (folder, option, f"{comment} {line.strip()[1:]}")
+        elif inside and not line.startswith(" "):
+            inside = False
+    return [entry for entry in entries if entry[0].is_dir()]
+
+
+CONFIGS = [path for path in sorted(CONF.rglob("*.yaml")) if re.search(r"^defaults:", path.read_text(), re.M)]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: str(path.relative_to(CONF)))
+def test_a_defaults_comment_that_names_options_names_them_all(path):
+    """A comment that lists a group's options by hand lists every one (the default aside), or it misleads."""
+    wrong = []
+    for folder, picked, comment in defaults_comments(path):
+        offered = {option.stem for option in folder.glob("*.yaml")} - {picked}
+        named = set(re.findall(r"\w+", comment)) & offered
+        if named and named != offered:
+            wrong.append(f"{folder.name}: {picked}  # {comment.strip()} leaves out {', '.join(sorted(offered - named))}")
+    assert wrong == []
