@@ -1,19 +1,28 @@
-"""The pages agree with the code, mechanically: every pointer to a section finds it where it says, every `outputs/`
-path a page shows is the run folder its command writes, and a defaults-list comment that names options of its group
-names all of them."""
+"""The pages agree with the code, mechanically. Every key a command's config holds is in docs/switches.md with its
+default; every pointer to a section finds it where it says; every `outputs/` path a page shows is the run folder its
+command writes; and a defaults-list comment that names options of its group names all of them."""
+import functools
 import re
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
 
 from {{ cookiecutter.package }}.core import resolvers
 
 from helpers.paths import CONF, PACKAGE, PROJECT
 
 PAGES = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md")), PROJECT / "src" / PACKAGE / "data/README.md"]
+SWITCHES = PROJECT / "docs/switches.md"
+OPTIONS_KEYS = "The options' keys"  # the heading of switches.md's table of the group options' keys
 # Each command's config: conf/<command>.yaml, and export's in its own folder (its format= names export formats).
 COMMANDS = {path.stem: path for path in [*sorted(CONF.glob("*.yaml")), CONF / "export/export.yaml"]}
+# Every option of every group, but files that place their keys elsewhere (`# @package _global_` overlays such as
+# experiment= and debug=, Hydra's launcher): the keys they set are other nodes'.
+OPTION_FILES = sorted(path for path in CONF.glob("*/*.yaml")
+                      if path not in COMMANDS.values() and not path.read_text().startswith("# @package"))
 # Pages whose pointers are not checked yet, each with its reason. A page here with no unnamed pointer left fails, so
 # that it leaves this table once it is mended.
 POINTERS_UNCHECKED = {
@@ -44,6 +53,127 @@ def headings(text: str) -> list[tuple[int, str]]:
     outside = blanked(CODE_BLOCK, text, re.M | re.S)
     return [(match.start(), text[match.start(1):match.end(1)].replace("`", ""))
             for match in re.finditer(r"^#{1,6} (.+)$", outside, re.M)]
+
+
+def is_switch(key: str, value) -> bool:
+    """Whether a config key is one a user sets: not Hydra's own, not a private `_target_`, `_ranges_` or `_facts_`,
+    and not a list of overrides (gpu_check's stages are runs of its sweep, read in its file)."""
+    overrides = isinstance(value, list) and value and all(isinstance(item, str) and "=" in item for item in value)
+    return not (key.startswith("_") or key in ("hydra", "defaults") or overrides)
+
+
+def written(node: yaml.Node, prefix: str = "") -> dict[str, str]:
+    """Each switch of a YAML mapping, dotted, with its default as the file writes it: a scalar's text, a list's as
+    [a, b]."""
+    found = {}
+    for key, value in node.value:
+        items = [item.value for item in value.value] if isinstance(value, yaml.SequenceNode) else value.value
+        if not is_switch(key.value, items):
+            continue
+        if isinstance(value, yaml.MappingNode):
+            found.update(written(value, f"{prefix}{key.value}."))
+        else:
+            found[f"{prefix}{key.value}"] = f"[{', '.join(items)}]" if isinstance(items, list) else items
+    return found
+
+
+def defaults(path: Path, prefix: str = "") -> dict[str, str]:
+    return written(yaml.compose(path.read_text()), prefix)
+
+
+def composed_keys(node: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in node.items():
+        if is_switch(key, value):
+            keys |= composed_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}"}
+    return keys
+
+
+def key_tables(text: str) -> dict[str, list[dict[str, str]]]:
+    """The rows of each table with `key` and `default` columns, by the heading the table stands under; each row maps
+    a column's name to its cell."""
+    tables, heading, header = {}, None, None
+    for line in text.splitlines():
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip().replace("`", "")
+        elif not line.startswith("|"):
+            header = None
+        elif header is None:
+            header = [cell.strip() for cell in line.strip("|").split("|")]
+        elif not re.match(r"\|[-:| ]+\|$", line) and {"key", "default"} <= set(header):
+            tables.setdefault(heading, []).append(dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))))
+    return tables
+
+
+def names(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def shows(cell: str, value: str) -> bool:
+    """Whether a default cell shows `value` whole: 8.0 is not shown by 18.0, nor -1 by 1."""
+    return re.search(rf"(?<![\w.\-]){re.escape(value)}(?!\w|\.\d)", cell.replace("`", "")) is not None
+
+
+@pytest.fixture
+def as_a_user_sees_it(monkeypatch):
+    """Paths under the home folder and the temporary folder as a page writes them: ~ and /tmp."""
+    monkeypatch.setenv("HOME", "~")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("TMPDIR", raising=False)
+
+
+@functools.cache  # each test reads it; its interpolations resolve when read, under the environment of that moment
+def composed(command: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(COMMANDS[command].parent), version_base="1.3"):
+        return compose(command)
+
+
+def shown(default: str, cfg, key: str) -> str:
+    """A default as a page shows it: an interpolation's value in the composed config, else as the file writes it."""
+    return str(OmegaConf.select(cfg, key)) if "${" in default else default
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_key_a_command_composes_is_on_the_switches_page(command):
+    on_page = {name for rows in key_tables(SWITCHES.read_text()).values() for row in rows for name in names(row["key"])}
+    keys = composed_keys(OmegaConf.to_container(composed(command), resolve=False))
+    assert sorted(keys - on_page) == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_commands_own_keys_are_under_its_heading_with_their_defaults(command, as_a_user_sees_it):
+    rows = key_tables(SWITCHES.read_text()).get(command, [])
+    cfg = composed(command)
+    wrong = [f"{key}: {shown(default, cfg, key)}" for key, default in defaults(COMMANDS[command]).items()
+             if not any(key in names(row["key"]) and shows(row["default"], shown(default, cfg, key)) for row in rows)]
+    assert wrong == [], f"keys of conf/{COMMANDS[command].relative_to(CONF)} missing from the table under " \
+                        f"'### {command}' of docs/switches.md, or shown there with another default"
+
+
+def test_each_options_keys_are_on_the_switches_page_with_its_defaults(as_a_user_sees_it):
+    rows = key_tables(SWITCHES.read_text())[OPTIONS_KEYS]
+    train = OmegaConf.to_container(composed("train"))
+    wrong = []
+    for path in OPTION_FILES:
+        group, option = path.parent.name, path.stem
+        written_here = defaults(path, f"{group}.")
+        cfg = OmegaConf.merge(train, {group: OmegaConf.load(path)}) if any(  # resolved as in a run that picks it
+            "${" in default for default in written_here.values()) else None
+        for key, default in written_here.items():
+            value = shown(default, cfg, key)
+            if not any(key in names(row["key"]) and option in names(row["options"]) and shows(row["default"], value)
+                       for row in rows):
+                wrong.append(f"{group}={option} {key}: {value}")
+    assert wrong == []
+
+
+def test_the_key_rules_read_a_table_as_written():
+    text = "## t\n\n| key | options | default | meaning |\n|---|---|---|---|\n| `a.b`, `a.c` | `x` | 8.0, `null` | m |\n"
+    row = key_tables(text)["t"][0]
+    assert names(row["key"]) == ["a.b", "a.c"] and shows(row["default"], "8.0") and shows(row["default"], "null")
+    assert not shows("18.0", "8.0") and not shows("-1", "1") and not shows("0.05", "0.0") and shows("5e-5.", "5e-5")
+    node = yaml.compose("a: {b: 1.0e-3, _r: 1}\nc: [0.08, 1.0]\nd: [x=1, y=2]\nhydra: {run: 1}\n")
+    assert written(node) == {"a.b": "1.0e-3", "c": "[0.08, 1.0]"}
 
 
 NAMED = r"[\"“]([^\"”\n]+)[\"”]|\]\(#([\w-]+)\)"  # a quoted section title, or a link to an anchor on the page
@@ -143,6 +273,7 @@ def as_pattern(folder: str) -> str:
     return pattern.replace(re.escape("<id>"), r"<[^>]+>")
 
 
+@functools.cache
 def code_of(command: str) -> str:
     """The text of what a command runs: its module, its tools/ module or package, its config; for train, the package
     but tools/ and the other commands' modules."""
@@ -156,7 +287,8 @@ def code_of(command: str) -> str:
 
 
 def shown_paths(text: str) -> list[str]:
-    return [path.rstrip(".,;:") for path in re.findall(r"outputs/(?:<[^>\n]*>|[^\s`\"'()<>\[\]|])*", text)]
+    """Every path below outputs/ a page shows (outputs/ itself holds every command's folders)."""
+    return [path.rstrip(".,;:") for path in re.findall(r"outputs/(?:<[^>\n]*>|[^\s`\"'()<>\[\]|])+", text)]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(PROJECT)))
@@ -178,8 +310,8 @@ def test_run_folders_come_from_each_commands_config(monkeypatch):
     folders = run_folders(monkeypatch)
     assert folders["train"] == ["outputs/<date>/<time>", "outputs/torchrun-<id>"]
     assert folders["tune"] == ["outputs/tune/<date>_<time>"]
-    assert shown_paths("`outputs/torchrun-<rendezvous id>` (a plain run uses outputs/<date>/<time>).") == \
-        ["outputs/torchrun-<rendezvous id>", "outputs/<date>/<time>"]
+    assert shown_paths("`outputs/torchrun-<rendezvous id>` (a plain run uses outputs/<date>/<time>), `outputs/`.") \
+        == ["outputs/torchrun-<rendezvous id>", "outputs/<date>/<time>"]
 
 
 def defaults_comments(path: Path) -> list[tuple[Path, str, str]]:
