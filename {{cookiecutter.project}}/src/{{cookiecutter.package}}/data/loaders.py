@@ -182,8 +182,10 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
                  prefetcher: DictConfig, loader: DictConfig, *, batch_size: int, seed: int, world: World,
                  memory_format: torch.memory_format, faults: Faults = Faults(),
                  augment: DictConfig | None = None) -> Loaders:
-    """The stages of data/README.md, built in the order a training batch meets them, each from its option's node,
-    with the `faults` this process injects. Options that cannot work together are refused first, from their facts."""
+    """Stages 1 to 11 of data/README.md, each from its option's node, with the `faults` this process injects.
+    Options that cannot work together are refused first, from their facts. The sampler's layout (5) is agreed after
+    the decoder and augmentation (6, 7) are built: it depends on the worker count, which loader.num_workers=auto
+    finds by timing their batches."""
     check_fit(format, staging, decoder, order, augment)
     started = time.perf_counter()
     source = build(data)  # 1: where the images are, the crops to cut
