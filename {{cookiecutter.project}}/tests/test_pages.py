@@ -23,12 +23,6 @@ COMMANDS = {path.stem: path for path in [*sorted(CONF.glob("*.yaml")), CONF / "e
 # experiment= and debug=, Hydra's launcher): the keys they set are other nodes'.
 OPTION_FILES = sorted(path for path in CONF.glob("*/*.yaml")
                       if path not in COMMANDS.values() and not path.read_text().startswith("# @package"))
-# Pages whose pointers are not checked yet, each with its reason. A page here with no unnamed pointer left fails, so
-# that it leaves this table once it is mended.
-POINTERS_UNCHECKED = {
-    "benchmarks.md": "measurements as they were written; the page is being moved apart (issue 49)",
-    "history.md": "old measurements kept as they were written; being moved with benchmarks.md",
-}
 
 
 CODE_BLOCK = r"^```.*?^```"
@@ -229,11 +223,7 @@ def misplaced(text: str) -> list[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(PROJECT)))
 def test_every_pointer_names_a_section_that_is_where_it_says(page):
-    wrong = misplaced(page.read_text())
-    if page.name in POINTERS_UNCHECKED and page.parent.name == "docs":
-        assert wrong, f"docs/{page.name} has no pointer left to mend: take it out of POINTERS_UNCHECKED"
-    else:
-        assert wrong == []
+    assert misplaced(page.read_text()) == []
 
 
 def test_the_pointer_rule_finds_what_each_pointer_names():
