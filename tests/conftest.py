@@ -1,3 +1,4 @@
+import importlib.util
 import site
 import subprocess
 import sys
@@ -6,6 +7,7 @@ from pathlib import Path
 import pytest
 
 TEMPLATE = Path(__file__).resolve().parents[1]
+BAKED = TEMPLATE / "{{cookiecutter.project}}"  # what the bake renders, as the template holds it
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +23,14 @@ def venv_seeing_ours(folder: Path) -> Path:
                                 capture_output=True, text=True, check=True).stdout.strip()
     Path(child_site, "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     return python
+
+
+def baked_helper(name: str):
+    """A module of the baked tests' helpers that imports nothing of the package, loaded from the template as it is."""
+    spec = importlib.util.spec_from_file_location(f"baked_{name}", BAKED / "tests/helpers" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+pages = baked_helper("pages")  # the pages' links, anchors and commands, as the baked tests read them

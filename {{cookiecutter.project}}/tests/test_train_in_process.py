@@ -40,6 +40,13 @@ def test_one_tiny_run_trains_validates_checkpoints_and_reports_from_facts(train_
     assert 0 < setup["data_s"] + setup["workers_s"] <= setup["total_s"] and setup["first_batch_s"] > 0
 
 
+def test_a_class_folder_tree_trains_and_the_run_ends_with_the_report(train_in_process, caplog):
+    """A user's own photos, as the README's first screen trains on them: data=folder on a train/ and val/ tree."""
+    caplog.set_level(logging.INFO)
+    assert train_in_process("data=folder").choices["data"] == "folder"
+    assert "==== where the time went ====" in caplog.text
+
+
 def test_training_top1_is_logged_per_window_and_the_epochs_is_reported_beside_validations_chance(train_in_process,
                                                                                                   caplog):
     """3 classes: the validation line gives the chance level, 33.33%, and no top-5, which every image would hit.
