@@ -109,7 +109,7 @@ def passed_here(suggestion: Suggestion, hardware: Hardware) -> bool:
 def untested_here(suggestion: Suggestion, hardware: Hardware) -> Suggestion:
     """The suggestion withheld, with the devices its tests have passed on as the fact."""
     return replace(suggestion, tunable=False, why=f"Not advised here until its tests pass on the {hardware.device} "
-                   f"(make gpu-check): {suggestion.why[0].lower()}{suggestion.why[1:]}",
+                   f"(pytest -m gpu): {suggestion.why[0].lower()}{suggestion.why[1:]}",
                    fact=f"its tests have passed on {', '.join(passed_on(suggestion))} alone; {suggestion.fact}")
 
 
@@ -289,7 +289,7 @@ def withheld(hardware: Hardware, settings: Settings) -> list[Suggestion]:
         found.append(Suggestion(key="model.compile_mode", value="reduce-overhead", side="host", tunable=False,
                                 fact=f"their training test has not passed on a {hardware.processor} yet "
                                 "(docs/switches.md)",
-                                why="Not advised here until it does (make gpu-check): CUDA graphs would replay the "
+                                why="Not advised here until it does (pytest -m gpu): CUDA graphs would replay the "
                                 "step with one launch"))
     return found
 
