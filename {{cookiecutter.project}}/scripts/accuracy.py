@@ -119,7 +119,7 @@ class Row:
 
 
 @dataclass
-class Run:
+class Result:
     """What one training run gives a row."""
     top1: float
     minutes: float
@@ -152,7 +152,7 @@ class Planned:
     """One run of a row: the folder that keeps its result, what it is trained from, and how to run it."""
     folder: Path
     provenance: Provenance
-    run: Callable[[], Run]
+    run: Callable[[], Result]
 
 
 RECORD = "accuracy-run.json"  # in a run's folder: its result and its provenance, written once it finished
@@ -169,13 +169,13 @@ def changes(plan: Planned) -> list[str]:
     return Provenance(**kept_from).differences(plan.provenance)
 
 
-def kept(plan: Planned) -> Run:
+def kept(plan: Planned) -> Result:
     """The result plan.folder keeps of a run that finished there, else plan.run() with its result and provenance
     kept there: a table cut short goes on from the runs it finished. main() has set aside, or refused, every kept
     run whose provenance differs from the plan's."""
     record = plan.folder / RECORD
     if record.is_file():
-        return Run(**json.loads(record.read_text())["result"])
+        return Result(**json.loads(record.read_text())["result"])
     result = plan.run()
     text = json.dumps({"result": asdict(result), "provenance": asdict(plan.provenance)})
     write_atomic(record, lambda path: path.write_text(text))
@@ -237,14 +237,14 @@ def our_overrides(root: Path, variant: list[str], seed: int, epochs: int, packs:
             f"loader.num_workers={workers}"]
 
 
-def ours(overrides: list[str], levels: list[str], run_dir: Path) -> Run:
+def ours(overrides: list[str], levels: list[str], run_dir: Path) -> Result:
     """One run of this project's loop: its last validation top-1 and its minutes to each level."""
     command = [sys.executable, "-m", f"{PACKAGE}.train", *overrides, f"train.top1_levels=[{','.join(levels)}]",
                f"hydra.run.dir={run_dir}"]
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     summary = Summary.read(run_dir / "summary.json")
-    return Run(summary.val_top1, (time.perf_counter() - start) / 60,
+    return Result(summary.val_top1, (time.perf_counter() - start) / 60,
                {level: seconds / 60 for level, seconds in summary.time_to_top1_s.items()})
 
 
@@ -266,7 +266,7 @@ def last_top1(log: str) -> float:
     return float(found[-1])
 
 
-def reference(script: Path, root: Path, epochs: int, out: Path, device: str, workers: int) -> Run:
+def reference(script: Path, root: Path, epochs: int, out: Path, device: str, workers: int) -> Result:
     """One run of torchvision's reference, from this folder (so relative paths mean what they say here), its output
     kept whole in out/train.log; a run that fails raises with that output's end."""
     out.mkdir(parents=True, exist_ok=True)
@@ -277,7 +277,7 @@ def reference(script: Path, root: Path, epochs: int, out: Path, device: str, wor
     if result.returncode:
         raise RuntimeError(f"the reference run failed with exit code {result.returncode}; {out / 'train.log'} "
                            f"ends: {result.stdout[-500:]}")
-    return Run(last_top1(result.stdout), (time.perf_counter() - start) / 60)
+    return Result(last_top1(result.stdout), (time.perf_counter() - start) / 60)
 
 
 def compared_with(name: str, names: list[str]) -> str | None:
@@ -310,12 +310,12 @@ def table(rows: list[Row], names: list[str], levels: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure(rows: dict[str, Callable[[int], Run]], seeds: list[int], jobs: int, levels: list[str],
+def measure(rows: dict[str, Callable[[int], Result]], seeds: list[int], jobs: int, levels: list[str],
             out: Path | None) -> tuple[list[Row], list[str]]:
-    """Each row's runs, `jobs` at a time: rows maps a row's name to run(seed) -> Run. A run that fails leaves its
+    """Each row's runs, `jobs` at a time: rows maps a row's name to run(seed) -> Result. A run that fails leaves its
     row out, said in one line, and the others go on. The table of the rows finished so far is written to `out` as
     each row finishes. Returns the rows finished and the names of those that failed."""
-    done: dict[str, dict[int, Run]] = {name: {} for name in rows}
+    done: dict[str, dict[int, Result]] = {name: {} for name in rows}
     failed: list[str] = []
     finished: list[Row] = []
     pool = concurrent.futures.ThreadPoolExecutor(jobs)
@@ -390,7 +390,7 @@ def set_aside_changed(planned: list[Planned], rerun: bool) -> None:
           file=sys.stderr)
 
 
-def collected(name: str, runs: list[Run]) -> Row:
+def collected(name: str, runs: list[Result]) -> Row:
     return Row(name, [run.top1 for run in runs], [run.minutes for run in runs],
                [run.reached for run in runs if run.reached is not None])
 

@@ -105,13 +105,13 @@ def test_a_finished_runs_result_is_kept_in_its_folder_and_read_again_in_place_of
 
     def run():
         runs.append(1)
-        return accuracy.Run(88.5, 5.0, {"85": 2.0})
+        return accuracy.Result(88.5, 5.0, {"85": 2.0})
 
     folder = tmp_path / "runs/row/epochs3-seed0"
     folder.mkdir(parents=True)
     plan = accuracy.Planned(folder=folder, provenance=accuracy.Provenance(overrides=["seed=0"], recipes={}, code="1"),
                             run=run)
-    assert accuracy.kept(plan) == accuracy.kept(plan) == accuracy.Run(88.5, 5.0, {"85": 2.0})
+    assert accuracy.kept(plan) == accuracy.kept(plan) == accuracy.Result(88.5, 5.0, {"85": 2.0})
     assert len(runs) == 1
 
 
@@ -126,7 +126,7 @@ def test_a_kept_run_whose_overrides_recipe_or_code_changed_is_refused_in_one_lin
     def ours(overrides, levels, run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)  # as training makes its run folder
         trained.append(run_dir)
-        return accuracy.Run(80.0 + len(trained), 1.0, {})
+        return accuracy.Result(80.0 + len(trained), 1.0, {})
 
     monkeypatch.setattr(accuracy, "ours", ours)
     (tmp_path / "tree/train").mkdir(parents=True)
@@ -194,7 +194,7 @@ def test_a_level_is_keyed_as_the_loops_summary_keys_it_and_a_bad_one_is_refused(
 
 def test_runs_at_a_time_fill_each_row_by_seed_and_a_failed_run_leaves_its_row_out_in_one_line(tmp_path, capsys):
     def good(seed):
-        return accuracy.Run(90.0 + seed, 1.0, {"90": 0.5})
+        return accuracy.Result(90.0 + seed, 1.0, {"90": 0.5})
 
     def broken(seed):
         raise subprocess.CalledProcessError(3, ["python", "-m", "train", "seed=1", "more"])
@@ -227,7 +227,7 @@ def test_a_table_that_cannot_be_written_stops_the_runs_queued_in_one_line(tmp_pa
         def one(seed):
             started.append(name)
             time.sleep(seconds)  # the second run is still going when the first's table fails to be written
-            return accuracy.Run(90.0, 1.0)
+            return accuracy.Result(90.0, 1.0)
         return one
 
     out = tmp_path / "table.md"
