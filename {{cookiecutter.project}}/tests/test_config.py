@@ -25,7 +25,7 @@ from helpers.machines import DEVICE, on_this_machine
 from helpers.paths import CONF
 from helpers.runs import hydra_run, tiny
 
-# conf/export/ is the export command's own config folder (its format= names export formats): test_export.py's.
+# conf/export/ is the export command's own config folder (its target= names the file formats export writes): test_export.py's.
 OPTIONS = sorted((path.parent.name, path.stem) for path in CONF.glob("*/*.yaml") if path.parent.name != "export")
 
 

@@ -1,4 +1,4 @@
-"""The export command: for every format in conf/export/format/, the file it writes, loaded by that format's own
+"""The export command: for every target in conf/export/target/, the file it writes, loaded by that format's own
 runtime, computes what the checkpoint's model computes, on a batch of another size than the one it was exported with."""
 import json
 import sys
@@ -21,11 +21,11 @@ from helpers.paths import CONF, PACKAGE
 from helpers.runs import hydra_run
 
 EXPORT_CONF = CONF / "export"
-FORMATS = sorted(path.stem for path in (EXPORT_CONF / "format").glob("*.yaml"))
+FORMATS = sorted(path.stem for path in (EXPORT_CONF / "target").glob("*.yaml"))
 
 
 def facts(format: str) -> options.Facts:
-    return options.facts_of(OmegaConf.load(EXPORT_CONF / "format" / f"{format}.yaml"))
+    return options.facts_of(OmegaConf.load(EXPORT_CONF / "target" / f"{format}.yaml"))
 
 
 def runtime(format: str):
@@ -58,10 +58,10 @@ def checkpoint(tmp_path):
                                     for format in FORMATS])
 def test_the_exported_file_computes_what_the_checkpoint_does(format, checkpoint, tmp_path):
     if facts(format).missing():
-        pytest.skip(f"format={format}: {facts(format).missing()}")
+        pytest.skip(f"target={format}: {facts(format).missing()}")
     load = runtime(format)
     path, model = checkpoint
-    with hydra_run("export", [f"checkpoint={path}", f"format={format}"], tmp_path / "run", EXPORT_CONF) as cfg:
+    with hydra_run("export", [f"checkpoint={path}", f"target={format}"], tmp_path / "run", EXPORT_CONF) as cfg:
         written = export(cfg, tmp_path / "run")
     batch = torch.randn(5, 3, PREPROCESSING.crop_size, PREPROCESSING.crop_size)  # exported with 2
     with torch.no_grad():
@@ -76,7 +76,7 @@ def test_the_exported_file_computes_what_the_checkpoint_does(format, checkpoint,
 
 def test_a_file_that_computes_something_else_is_deleted_and_refused(checkpoint, tmp_path, monkeypatch):
     monkeypatch.setattr(TorchScript, "load", lambda self, path: lambda images: torch.zeros(len(images), 3))
-    with hydra_run("export", [f"checkpoint={checkpoint[0]}", "format=torchscript"], tmp_path / "run",
+    with hydra_run("export", [f"checkpoint={checkpoint[0]}", "target=torchscript"], tmp_path / "run",
                    EXPORT_CONF) as cfg, pytest.raises(ClearError, match=r"model\.ts's outputs differ from the "
                                                                         r"checkpoint's by 1 of their largest"):
         export(cfg, tmp_path / "run")
@@ -86,17 +86,17 @@ def test_a_file_that_computes_something_else_is_deleted_and_refused(checkpoint, 
 @pytest.mark.full  # a second ONNX export, 4-5 s; the fast tier exports and checks one
 def test_an_onnx_file_stands_unchecked_where_onnxruntime_is_missing(checkpoint, tmp_path, monkeypatch, caplog):
     if facts("onnx").missing():
-        pytest.skip(f"format=onnx: {facts('onnx').missing()}")
+        pytest.skip(f"target=onnx: {facts('onnx').missing()}")
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # installed only to check the file, not to write it
-    with hydra_run("export", [f"checkpoint={checkpoint[0]}", "format=onnx"], tmp_path / "run", EXPORT_CONF) as cfg:
+    with hydra_run("export", [f"checkpoint={checkpoint[0]}", "target=onnx"], tmp_path / "run", EXPORT_CONF) as cfg:
         written = export(cfg, tmp_path / "run")
     assert written["difference"] is None and written["path"].stat().st_size > 0
     assert "is written but not checked: onnxruntime is not installed" in caplog.text
 
 
 def test_an_unknown_format_is_refused_naming_it(checkpoint, tmp_path):
-    with pytest.raises(HydraException, match="Could not find 'format/keras'"):
-        with hydra_run("export", [f"checkpoint={checkpoint[0]}", "format=keras"], tmp_path / "run", EXPORT_CONF):
+    with pytest.raises(HydraException, match="Could not find 'target/keras'"):
+        with hydra_run("export", [f"checkpoint={checkpoint[0]}", "target=keras"], tmp_path / "run", EXPORT_CONF):
             pass
 
 
@@ -106,4 +106,4 @@ def test_a_format_whose_package_is_missing_is_refused_with_its_install_command(f
     assert installs_here(facts(format).extra)
     with pytest.raises(ConfigError, match=rf"{facts(format).module} is not installed \(.*\): pip install -e "
                                           rf"'\.\[{facts(format).extra}\]'"):
-        build(OmegaConf.load(EXPORT_CONF / "format" / f"{format}.yaml"))
+        build(OmegaConf.load(EXPORT_CONF / "target" / f"{format}.yaml"))

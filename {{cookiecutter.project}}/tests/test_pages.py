@@ -17,7 +17,7 @@ from helpers.paths import CONF, PACKAGE, PROJECT
 PAGES = [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md")), PROJECT / "src" / PACKAGE / "data/README.md"]
 SWITCHES = PROJECT / "docs/switches.md"
 OPTIONS_KEYS = "The options' keys"  # the heading of switches.md's table of the group options' keys
-# Each command's config: conf/<command>.yaml, and export's in its own folder (its format= names export formats).
+# Each command's config: conf/<command>.yaml, and export's in its own folder (its target= names the file formats it writes).
 COMMANDS = {path.stem: path for path in [*sorted(CONF.glob("*.yaml")), CONF / "export/export.yaml"]}
 # Every option of every group, but files that place their keys elsewhere (`# @package _global_` overlays such as
 # experiment= and debug=, Hydra's launcher): the keys they set are other nodes'.

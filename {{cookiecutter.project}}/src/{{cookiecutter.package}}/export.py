@@ -1,10 +1,10 @@
 """Write a trained checkpoint's model as a file to serve: TorchScript, ONNX or an ExportedProgram, with model.json
 beside it (class names, preprocessing), its outputs checked against the checkpoint's.
 
-    python -m {{ cookiecutter.package }}.export checkpoint=outputs/2026-11-21/10-00-00/best.pt format=onnx
-    python -m {{ cookiecutter.package }}.export checkpoint=... format=torchscript out=/srv/models/mine.ts
+    python -m {{ cookiecutter.package }}.export checkpoint=outputs/2026-11-21/10-00-00/best.pt target=onnx
+    python -m {{ cookiecutter.package }}.export checkpoint=... target=torchscript out=/srv/models/mine.ts
 
-Its config is conf/export/, a folder of its own, where format= names the export formats (conf/export/format/).
+Its config is conf/export/, a folder of its own, where target= names the file format to write (conf/export/target/).
 """
 import logging
 from pathlib import Path

@@ -1,5 +1,5 @@
 """The run's contracts: what a checkpoint holds, how a model's inputs are prepared, the model option, and where the
-loop's figures and profiles go; and the export formats' contract."""
+loop's figures and profiles go; and the export targets' contract."""
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +54,8 @@ class Network(ABC):
 
 
 class Exporter(Protocol):
-    """An export format (conf/export/format/): writes a model for batches like `example`; loads the file back to run."""
+    """An export target (conf/export/target/), a file format: writes a model for batches like `example`; loads the file
+    back to run."""
     suffix: str
 
     def write(self, model: torch.nn.Module, example: torch.Tensor, path: Path) -> None: ...

@@ -1,5 +1,5 @@
-"""Writing a checkpoint's model as a file for serving, behind `python -m <package>.export format=...`: one class per
-format (conf/export/format/<option>.yaml names it), each an `Exporter` (contracts/) that writes the file and loads
+"""Writing a checkpoint's model as a file for serving, behind `python -m <package>.export target=...`: one class per
+file format (conf/export/target/<option>.yaml names it), each an `Exporter` (contracts/) that writes the file and loads
 it back, so the command checks the file's outputs against the checkpoint's before it says it is done.
 
 Every format takes what the checkpoint's model takes, a float32 NCHW batch normalised as model.json says, of any
@@ -82,11 +82,11 @@ def difference(expected: torch.Tensor, got: torch.Tensor) -> float:
 
 @torch.no_grad()
 def export(cfg: DictConfig, run_dir: Path) -> dict:
-    """Write the checkpoint's model in `cfg.format`, with model.json beside it, and check the file's outputs."""
+    """Write the checkpoint's model in `cfg.target`'s file format, with model.json beside it, and check the file's outputs."""
     options.check(cfg)
     state, inference = load_trained(cfg.checkpoint, torch.device("cpu"))
     model = trained_model(state, inference)
-    exporter: Exporter = build(cfg.format)
+    exporter: Exporter = build(cfg.target)
     side, name = inference.preprocessing.crop_size, type(exporter).__name__
     example = torch.randn(cfg.batch_size, 3, side, side, generator=torch.Generator().manual_seed(0))
     path = Path(cfg.out).expanduser() if cfg.out else run_dir / f"model{exporter.suffix}"
