@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.diagnosis.summary import Summary
 from {{ cookiecutter.package }}.diagnosis.verdict import Settings, diagnose
 from {{ cookiecutter.package }}.loop.clock import Window
@@ -14,17 +15,18 @@ from {{ cookiecutter.package }}.tools.tune.outputs import write_outputs
 from {{ cookiecutter.package }}.tools.tune.search import search
 from {{ cookiecutter.package }}.tools.tune.statistics import Config, slower_than
 
-from helpers.machines import AVX2, AVX512_BF16, SM70
+from helpers.machines import AVX2, AVX512_BF16, SM70, SM90
 from helpers.runs import a_summary
 
 CHOICES = {"format": "folder", "decoder": "pil", "prefetcher": "none", "staging": "none"}
 
 
-def scripted_summary(hardware, settings: dict[str, str], rate: float, data_frac: float) -> Summary:
+def scripted_summary(hardware, settings: dict[str, str], rate: float, data_frac: float,
+                     cpu_util: float = 50.0) -> Summary:
     """A trial's summary.json as train writes it, its verdict from diagnose itself."""
     choices = {**CHOICES, **{key: value for key, value in settings.items() if "." not in key}}
     total = Window(steps=10, images=int(rate * 10), wall_s=10.0, data_s=10 * data_frac)
-    diagnosis = diagnose(total, {"sys/cpu_util": 50.0}, hardware, Settings(
+    diagnosis = diagnose(total, {"sys/cpu_util": cpu_util}, hardware, Settings(
         num_workers=int(settings.get("loader.num_workers", 0)), prefetch_factor=4, pin_memory=True,
         persistent_workers=True, precision=settings.get("precision", "fp32"), choices=choices))
     return a_summary(images_per_s=rate, data_frac=data_frac, data_cost=diagnosis.data_cost, host_frac=0.0,
@@ -86,6 +88,21 @@ def test_on_a_data_bound_run_workers_and_decoders_come_before_compute_and_emulat
     assert next(index for index, change in enumerate(order) if "decoder" in change) < first_compute
     assert {"precision": "bf16"} not in order
     assert any(change == {"precision": "bf16"} and "emulated" in why for change, why in left_out)
+
+
+@pytest.mark.parametrize("cpu_util", [50.0, 97.0], ids=["cores to spare", "cores saturated: the verdict names them"])
+def test_on_a_gpu_the_options_whose_tests_have_not_passed_there_are_never_tried(compose_tiny_tune, cpu_util):
+    untested = {(group, name) for group in options.options_groups() for name in options.options(group)
+                if not options.facts(group, name).passed("cuda")}
+    if not untested:
+        pytest.skip("every option's tests have passed on a GPU: nothing to hold back")
+    summary = scripted_summary(SM90, {}, 50.0, 0.5, cpu_util)
+    groups, left_out = moves(summary, compose_tiny_tune(), None)
+    assert not untested & {item for change in changes(groups) for item in change.items()}
+    withheld = {(held["key"], held["value"]) for held in summary.withheld}
+    assert withheld & untested <= {item for change, _ in left_out for item in change.items()}
+    if cpu_util > 90:  # the verdict names the GPU decoders, and withholds those not passed there
+        assert {("decoder", name) for name in options.gpu_options("decoder")} & untested <= withheld
 
 
 def test_on_native_bf16_a_compute_bound_run_tries_bf16_first_and_leaves_out_the_data_side(compose_tiny_tune):

@@ -85,6 +85,10 @@ class Facts:
         why = not_from(self.module, self.distribution, self.bundles)
         return not_installed(self.distribution, self.extra, f" ({why})") if why else None
 
+    def passed(self, device: str) -> bool:
+        """Whether its tests have passed on `device` (cpu, cuda): where its facts name no device, on every one."""
+        return not self.passed_on or device in self.passed_on
+
     def overrides_without_gpu(self, group: str) -> list[str]:
         return [f"{group}.{key}={str(value).lower() if isinstance(value, bool) else value}"
                 for key, value in self.without_gpu.items()]

@@ -15,6 +15,16 @@ class Suggestion:
     side: str  # data | host | compute: the share of the step it shortens
     tunable: bool = True  # changes how fast, never what is learned: tune may trial it
     also: dict[str, str] = field(default_factory=dict)  # switches that go with it (format=tensor: decoder=none)
+    # The devices (cpu, cuda) its tests have passed on, where not every one: an option's from its facts' passed_on,
+    # others' where they are made. The verdict withholds it elsewhere.
+    passed_on: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if self.passed_on is None and self.key in options.options_groups() and self.value is not None:
+            object.__setattr__(self, "passed_on", options.facts(self.key, self.value).passed_on or None)
+
+    def passed(self, device: str) -> bool:
+        return self.passed_on is None or device in self.passed_on
 
     @property
     def change(self) -> dict[str, str]:

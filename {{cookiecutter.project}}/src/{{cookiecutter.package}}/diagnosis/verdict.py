@@ -89,28 +89,17 @@ def diagnose(total: Window, system: dict[str, float], hardware: Hardware, settin
     sides = [first, *(other for other, share in shares.items() if other != first and share >= NOTICEABLE)]
     suggestions = [suggestion for side in sides for suggestion in RULES[side](total, system, hardware, settings)]
     suggestions += epoch_start_side(total, settings)
-    proven = [suggestion for suggestion in suggestions if passed_here(suggestion, hardware)]
+    proven = [suggestion for suggestion in suggestions if suggestion.passed(hardware.device)]
     untested = [untested_here(suggestion, hardware) for suggestion in suggestions if suggestion not in proven]
     return Diagnosis(first, verdict, proven, withheld(hardware, settings) + untested, shares["data"])
 
 
-def passed_on(suggestion: Suggestion) -> tuple[str, ...]:
-    """The devices the option a suggestion picks has passed its tests on (its facts' passed_on); empty where it has
-    on every one, or where the suggestion picks no option."""
-    if suggestion.key not in options.options_groups() or suggestion.value is None:
-        return ()
-    return options.facts(suggestion.key, suggestion.value).passed_on
-
-
-def passed_here(suggestion: Suggestion, hardware: Hardware) -> bool:
-    return not passed_on(suggestion) or hardware.device in passed_on(suggestion)
-
-
 def untested_here(suggestion: Suggestion, hardware: Hardware) -> Suggestion:
     """The suggestion withheld, with the devices its tests have passed on as the fact."""
+    where = f"on {', '.join(suggestion.passed_on)} alone" if suggestion.passed_on else "on no device yet"
     return replace(suggestion, tunable=False, why=f"Not advised here until its tests pass on the {hardware.device} "
                    f"(pytest -m gpu): {suggestion.why[0].lower()}{suggestion.why[1:]}",
-                   fact=f"its tests have passed on {', '.join(passed_on(suggestion))} alone; {suggestion.fact}")
+                   fact=f"its tests have passed {where}; {suggestion.fact}")
 
 
 def data_side(total: Window, system: dict[str, float], hardware: Hardware, settings: Settings) -> list[Suggestion]:
@@ -204,10 +193,10 @@ def host_side(total: Window, system: dict[str, float], hardware: Hardware, setti
     if hardware.on_gpu and not settings.compile:
         found.append(Suggestion(key="model.compile", value="true", side="host", fact=idle,
                                 why="Fuse the step's many small kernels into few, so the host launches less"))
-    if graphs_would_help(hardware, settings) and hardware.device in GRAPHS_PASSED_ON:
+    if hardware.on_gpu and not settings.cuda_graphs and settings.graphs_refused is None:
         found.append(Suggestion(key="model.compile_mode", value="reduce-overhead", side="host", fact=idle,
                                 why="Record the step as CUDA graphs and replay it with one launch",
-                                also={"model.compile": "true"}))
+                                also={"model.compile": "true"}, passed_on=GRAPHS_PASSED_ON))
     found.append(Suggestion(key="train.batch_size", value=None, side="host", fact=idle, tunable=False,
                             why=f"Give each launch more work: raise train.batch_size (now {settings.batch_size}) while "
                             "memory allows, scaling optim.lr with it"))
@@ -271,26 +260,14 @@ def compute_side(total: Window, system: dict[str, float], hardware: Hardware, se
                        "model.name, or add devices with torchrun")]
 
 
-def graphs_would_help(hardware: Hardware, settings: Settings) -> bool:
-    """Whether replaying the step as CUDA graphs could cut this run's launches: on a GPU, not replaying them yet,
-    and with steps that can replay them."""
-    return hardware.on_gpu and not settings.cuda_graphs and settings.graphs_refused is None
-
-
 def withheld(hardware: Hardware, settings: Settings) -> list[Suggestion]:
-    """Switches that pay off on other machines and would cost this one, or have not passed their tests on this kind
-    of device, with the fact why."""
+    """Switches that pay off on other machines and would cost this one, with the fact why. (diagnose() adds those
+    whose tests have not passed on this kind of device.)"""
     found = []
     if not (hardware.native_bf16 or settings.precision == "bf16"):
         found.append(Suggestion(key="precision", value="bf16", side="compute", fact=hardware.bf16_fact, tunable=False,
                                 why=f"Not advised here: bf16 autocast is emulated, slower than "
                                 f"{faster_precision(hardware)}"))
-    if graphs_would_help(hardware, settings) and hardware.device not in GRAPHS_PASSED_ON:
-        found.append(Suggestion(key="model.compile_mode", value="reduce-overhead", side="host", tunable=False,
-                                fact=f"their training test has not passed on a {hardware.processor} yet "
-                                "(docs/switches.md)",
-                                why="Not advised here until it does (pytest -m gpu): CUDA graphs would replay the "
-                                "step with one launch"))
     return found
 
 

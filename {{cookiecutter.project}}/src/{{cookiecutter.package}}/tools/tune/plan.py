@@ -91,14 +91,17 @@ def neighbours(summary: Summary, cfg: DictConfig, hardware: Hardware, offer: Pac
     if not current["format"].holds_pixels:
         data.append(sweep("decoder", [name for name in options.options("decoder")
                                       if not (facts := options.facts("decoder", name)).takes_pixels
-                                      and (hardware.on_gpu or not facts.gpu) and not facts.missing()],
+                                      and (hardware.on_gpu or not facts.gpu) and not facts.missing()
+                                      and facts.passed(hardware.device)],
                           choices["decoder"]))
     data += [[{"loader.persistent_workers": "true"}], [{"loader.prefetch_factor": "4"}],
              sweep("prefetcher", [name for name in options.options("prefetcher")
                                   if not (facts := options.facts("prefetcher", name)).ceiling
-                                  and (hardware.on_gpu or not facts.gpu)], choices["prefetcher"])]
+                                  and (hardware.on_gpu or not facts.gpu) and facts.passed(hardware.device)],
+                   choices["prefetcher"])]
     if not current["format"].packed and not current["staging"].copies_to_ram and fits_in_ram(cfg):
-        data += [[{"staging": option}] for option in options.having("staging", "copies_to_ram")]
+        data += [[{"staging": option}] for option in options.having("staging", "copies_to_ram")
+                 if options.facts("staging", option).passed(hardware.device)]
     compute: list[Group] = []
     faster = faster_precision(hardware)
     if faster != "fp32":
@@ -132,8 +135,10 @@ def moves(summary: Summary, cfg: DictConfig, offer: PackOffer | None) -> tuple[l
                                         reverse=True)]
     groups, left_out = [], [({held["key"]: held["value"]}, f"{held['why']} ({held['fact']})")
                             for held in summary.withheld]
+    withheld = {(held["key"], held["value"]) for held in summary.withheld}  # never tried, whoever names them
     for side in order:
-        candidates = [group for group in advised[side] + found[side] if group]
+        candidates = [kept for group in advised[side] + found[side]
+                      if (kept := [change for change in group if not withheld & set(change.items())])]
         if side != summary.bound and gains[side] - 1 < cfg.tune.min_gain:
             left_out += [(change, f"{side}-side: removing all of the {side} share ({100 * shares[side]:.0f}%) gains "
                                   f"at most x{gains[side]:.2f}, less than tune.min_gain") for group in candidates
