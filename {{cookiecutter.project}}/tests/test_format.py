@@ -258,6 +258,18 @@ def test_a_store_read_in_the_parent_before_its_workers_start_is_read_again_in_ea
     assert in_workers == in_parent and len(set(in_parent)) == len(store)
 
 
+@pytest.mark.parametrize("format", PACKED)
+def test_a_second_reader_of_a_pack_reads_while_the_first_still_holds_it_open(format, packs):
+    """An earlier loader's store, dropped but not yet collected, still holds the file open in this process (the next
+    bench row, the evaluation after training): LMDB refuses a second environment on a file in one process."""
+    first = open_pack(format, packs[format]).train
+    held = [(np.asarray(payload).tobytes(), label) for payload, label in (first.read(index) for index in (0, 1))]
+    second = open_pack(format, packs[format]).train
+    assert [(np.asarray(payload).tobytes(), label) for payload, label in (second.read(0), first.read(1))] == held
+    second.close()
+    assert (np.asarray(first.read(0)[0]).tobytes(), first.read(0)[1]) == held[0], "the first reads on"
+
+
 def test_pack_refuses_a_disk_too_small_with_the_numbers(tiny_root, small_disk, tmp_path, monkeypatch):
     import {{ cookiecutter.package }}.tools.pack as packing
 

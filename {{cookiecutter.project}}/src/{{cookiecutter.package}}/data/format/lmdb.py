@@ -1,5 +1,6 @@
 """`format=lmdb`: encoded bytes in an LMDB key-value file, memory-mapped and read without locks."""
 import itertools
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,6 +25,33 @@ def _environment(path: Path, **options):
                      max_readers=1024, **options)
 
 
+# LMDB refuses to open a file a second time in one process while the first environment lives ("already open in this
+# process"): a reader dropped but not yet collected, say an earlier loader's, would fail the next one. Each process
+# keeps one environment per file, counted by its users, keyed by the process that opened it.
+_OPEN: dict[tuple[int, str], list] = {}
+
+
+def acquired(key: tuple[int, str]):
+    """The environment of `key` (this process's id, the file), opened on first use; give it back with `released`.
+    Environments of the file inherited from the process this one was forked from are closed first."""
+    if key not in _OPEN:
+        for inherited in [other for other in _OPEN if other[1] == key[1] and other[0] != key[0]]:
+            _OPEN.pop(inherited)[0].close()
+        _OPEN[key] = [_environment(Path(key[1])), 0]
+    _OPEN[key][1] += 1
+    return _OPEN[key][0]
+
+
+def released(key: tuple[int, str]) -> None:
+    """One user fewer; the last closes it. In a process forked from the one that opened it, it is closed at once:
+    its handles must not cross fork, and the file cannot be opened again here while it lives."""
+    if key not in _OPEN:  # an inherited one, closed already when this process opened the file itself
+        return
+    _OPEN[key][1] -= 1
+    if _OPEN[key][1] == 0 or key[0] != os.getpid():
+        _OPEN.pop(key)[0].close()
+
+
 @contextmanager
 def reading(path: Path):
     """LMDB's errors while a run reads the pack, as one line naming the file: pages damaged or replaced since pack
@@ -38,19 +66,25 @@ def reading(path: Path):
 class LmdbImages(Packed):
     def __init__(self, path: Path, split: dict):
         import lmdb
+        key = (os.getpid(), str(path))
         try:
-            with _environment(path) as env, env.begin() as txn:
+            with acquired(key).begin() as txn:
                 labels = np.frombuffer(txn.get(LABELS), np.int64).copy()
         except (lmdb.Error, TypeError) as err:
             raise ConfigError(f"{path} is not a readable LMDB pack (written by pack): {err}") from None
+        finally:
+            if key in _OPEN:  # not where opening it failed
+                released(key)
         super().__init__(path, labels)
 
     def open(self) -> None:
-        self._environment = _environment(self.path)
-        self._txn = self._environment.begin(buffers=False)
+        self._held = (os.getpid(), str(self.path))
+        self._txn = acquired(self._held).begin(buffers=False)
 
     def close(self) -> None:
-        self._environment.close()
+        if self._held[0] == os.getpid():
+            self._txn.abort()  # its reader slot, for the environment's other users
+        released(self._held)
 
     def payload(self, index: int) -> bytes:
         with reading(self.path):
