@@ -120,3 +120,23 @@ def test_the_pages_show_the_commands_the_baked_tests_check(project, readme):
     assert any(f"-m {PACKAGE}.train " in command for command in in_readme)
     assert any(f"-m {PACKAGE}.tune " in command for command in in_readme)
     assert any(f"-m {PACKAGE}.train " in command and "format.path=" in command for command in shown)
+
+
+def listed_options(text: str) -> dict[str, set[str]]:
+    """Each option group a page lists by hand, with the options it names: `group=a|b|c` spans, and the rows of a
+    table whose first cell is a group and whose second names options (`a`, `b` (alias `c`)) in backticks."""
+    groups = {path.name for path in (BAKED / "src/{{cookiecutter.package}}/conf").iterdir() if path.is_dir()}
+    found = {group: set(names.split("|")) for group, names in re.findall(r"`(\w+)=([\w|]+\|[\w|]+)`", text)}
+    for group, cell in re.findall(r"^\| `(\w+)` \| ([^|]*`[^|]*) \|", text, re.M):
+        found[group] = set(re.findall(r"`(\w+)`", cell))
+    return {group: names for group, names in found.items() if group in groups}
+
+
+@pytest.mark.parametrize("page", ["template README.md", "README.md"])
+def test_a_hand_list_of_a_groups_options_names_them_all(project, template, page):
+    text = (template / "README.md" if page.startswith("template") else project / "README.md").read_text()
+    conf = BAKED / "src/{{cookiecutter.package}}/conf"
+    listed = listed_options(text)
+    assert listed, "the page lists no group's options: the rule has nothing to check"
+    assert {group: sorted({path.stem for path in (conf / group).glob("*.yaml")} ^ names)
+            for group, names in listed.items() if {path.stem for path in (conf / group).glob("*.yaml")} != names} == {}
