@@ -9,8 +9,8 @@ First steps:
   cd {{ cookiecutter.project }}
   pip install -e .                                            # to train; extras only for the options that need them
   python -m {{ cookiecutter.package }}.train experiment=cpu_quick    # a first run: minutes on a laptop CPU, then its report
-  make test                                                   # the fast tests, once pip install -e '.[dev]' adds pytest
+  pip install -e '.[dev]' && make test                        # the fast tests, with the test runner and extras
 
-Then your own photos: the baked README's first section.
+Then your own photos: the baked README's "Your own data in five commands".
 """
 )

@@ -78,8 +78,11 @@ def test_the_readmes_and_the_bake_give_the_same_first_steps(template, tmp_path):
     said = {"template README": first_steps(readme.replace("fasttrain_project", "first_hour"), "first_hour"),
             "bake": first_steps(result.stdout, "first_hour"),
             "baked README": first_steps(baked.split("\n## ")[1], "first_hour")}
-    assert said["bake"] == ["pip install -e .", "python -m first_hour.train experiment=cpu_quick", "make test"]
+    assert said["bake"] == ["pip install -e .", "python -m first_hour.train experiment=cpu_quick",
+                            "pip install -e '.[dev]' && make test"]
     assert said["template README"] == said["bake"] == said["baked README"], said
+    pointed = re.findall(r'README\'s "(.+)"', result.stdout)
+    assert pointed and all(f"\n## {title}\n" in baked for title in pointed), pointed
 
 
 @pytest.mark.parametrize(("answer", "message"), [
