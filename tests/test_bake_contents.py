@@ -89,3 +89,27 @@ def test_the_working_words_are_found(text):
     "once per pytest session", "whether its batch's memory was lent", "a `Lent` tensor", "# 3 seeds"])
 def test_upstream_references_and_terms_of_their_own_are_not(text):
     assert not any(pattern.search(text) for pattern in WORKING.values()), text
+
+
+def make_targets(makefile: Path) -> set[str]:
+    return {target for line in makefile.read_text().splitlines() if line.startswith(".PHONY:")
+            for target in line.split(":", 1)[1].split()}
+
+
+def test_the_bake_names_no_make_target_only_the_template_has(baked, template):
+    """`make demo` and its kin are the template's Makefile's: a baked page or comment that names one sends the user
+    to a command their project does not have."""
+    theirs = make_targets(template / "Makefile") - make_targets(baked / "Makefile")
+    assert theirs, "the template's Makefile has no target of its own: nothing to check"
+    named = re.compile(rf"\bmake ({'|'.join(map(re.escape, sorted(theirs)))})\b")
+    hits = []
+    for path in sorted(baked.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            try:
+                text = path.read_text()
+            except UnicodeDecodeError:
+                continue
+            hits += [f"{path.relative_to(baked)}:{number}: {line.strip()}"
+                     for number, line in enumerate(text.splitlines(), 1)
+                     if named.search(line)]
+    assert hits == [], "\n".join(hits)

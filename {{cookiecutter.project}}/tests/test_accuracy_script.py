@@ -27,7 +27,7 @@ FAST_PATHS = [name for name, (_, judged_against) in accuracy.VARIANTS.items() if
 def test_every_rows_overrides_pass_the_checks(name, tiny_root, tmp_path):
     formats = [override.partition("=")[2] for override in accuracy.VARIANTS[name][0] if override.startswith("format=")]
     missing = [options.facts("format", format).missing() for format in formats]
-    if any(missing):  # a row of an extra that is not installed here (make test-base installs none)
+    if any(missing):  # a row of an extra that is not installed here (a base install has none)
         pytest.skip(f"{name}: {next(reason for reason in missing if reason)}")
     chosen = [*accuracy.recipe_and_overrides(accuracy.VARIANTS[name][0], tmp_path / "packs", 2),
               f"data.root={tiny_root}", "seed=1"]

@@ -36,7 +36,7 @@ def test_refuses_a_machine_without_cuda_in_one_line(tmp_path):
     assert not (tmp_path / "report.md").exists()
 
 
-@pytest.mark.full  # a fresh interpreter, 3-4 s; make gpu-check refuses a machine without CUDA in the fast tier
+@pytest.mark.full  # a fresh interpreter, 3-4 s
 def test_a_key_it_does_not_know_is_refused_in_one_line_before_anything_runs(tmp_path):
     import os
 

@@ -173,7 +173,7 @@ def test_a_change_far_ahead_in_its_one_trial_is_named_when_the_budget_ends_befor
 
 
 def test_a_change_confirmed_by_the_trial_the_budget_ends_on_is_kept(compose_tiny_tune, tmp_path):
-    """make demo's tune on a loaded machine: two noisy starts, then two trials of more workers far ahead, the second
+    """tune from a starved start on a loaded machine: two noisy starts, then two trials of more workers far ahead, the second
     the budget's last. It used to say "nothing beat the start" with the change at x3.20 where x1.80 was needed."""
     cfg = compose_tiny_tune("tune.repeats=2")
     starts = iter([(21.0, 0.3), (48.8, 0.6)])

@@ -1,4 +1,4 @@
-"""The GPU benchmark behind `make gpu-check`: the compute ceiling, real pipelines beside it, precision x compile,
+"""The GPU benchmark: the compute ceiling, real pipelines beside it, precision x compile,
 the cost of the three-way split, and the loader-only bench, written up as report.md and gpu_check.csv.
 
     python -m {{ cookiecutter.package }}.gpu_check                                 # on a machine with CUDA

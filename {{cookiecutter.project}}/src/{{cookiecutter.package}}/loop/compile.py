@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 
 GRAPH_WARM_UP = 3  # cudagraph trees run a call eagerly, record the next, and replay from the third
 DEFAULT = "default"  # torch.compile's mode without options of its own: no CUDA graphs
-# The devices on which CUDA graphs have passed their training test (tests/test_precision.py, the `gpu` tier that make
-# gpu-check runs); the verdict and tune offer them there alone. On torch 2.11 and an H200 the test fails: the warm-up's
+# The devices on which CUDA graphs have passed their training test (tests/test_precision.py, in the `gpu` tier that
+# pytest -m gpu runs); the verdict and tune offer them there alone. On torch 2.11 and an H200 the test fails: the warm-up's
 # backward reads a graph output already overwritten (docs/benchmarks.md). Add "cuda" once it passes.
 GRAPHS_PASSED_ON: tuple[str, ...] = ()
 
