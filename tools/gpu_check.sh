@@ -15,7 +15,7 @@ PROJECT=fasttrain-project
 PACKAGE=fasttrain_project
 started=$(date +%s)
 MINUTES=${GPU_CHECK_MINUTES:-}
-# How long the gpu tests take: 104 s on one H200 (docs/benchmarks.md).
+# How long the gpu tests take: 104 s on one H200, before CUDA graphs' test (docs/benchmarks-log.md).
 TESTS_S=110
 
 seconds_left() { if [ -n "$MINUTES" ]; then echo $(( MINUTES * 60 - ($(date +%s) - started) )); else echo 999999; fi; }
