@@ -10,6 +10,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core import resolvers
 
 from helpers.pages import github_anchor
@@ -163,6 +164,15 @@ def test_each_options_keys_are_on_the_switches_page_with_its_defaults(as_a_user_
                        for row in rows):
                 wrong.append(f"{group}={option} {key}: {value}")
     assert wrong == []
+
+
+def test_an_option_that_has_not_passed_its_tests_everywhere_says_so_in_its_row():
+    """The advice holds such an option back where its tests have not passed (its facts' passed_on): its row says so."""
+    rows = {(group, option): line for line in switches_page().splitlines()
+            for group, option in re.findall(r"^\| `(\w+)` \| `(\w+)`", line)}
+    held = [(group, option) for group in options.options_groups() for option in options.options(group)
+            if options.facts(group, option).passed_on]
+    assert [f"{group}={option}" for group, option in held if "passed_on" not in rows.get((group, option), "")] == []
 
 
 def test_the_key_rules_read_a_table_as_written():
