@@ -140,3 +140,10 @@ def test_a_hand_list_of_a_groups_options_names_them_all(project, template, page)
     assert listed, "the page lists no group's options: the rule has nothing to check"
     assert {group: sorted({path.stem for path in (conf / group).glob("*.yaml")} ^ names)
             for group, names in listed.items() if {path.stem for path in (conf / group).glob("*.yaml")} != names} == {}
+
+
+@pytest.mark.parametrize("name", ["README.md", *(f"docs/{path.name}" for path in sorted((BAKED.parent / "docs").glob("*.md")))])
+def test_every_relative_link_of_the_templates_own_pages_leads_somewhere(template, name):
+    """The template's README and its docs/ (the diary and the full benchmark log among them), as the baked pages' are
+    checked in the bake: a link to a file or a heading that is not there."""
+    assert pages.broken_links(template / name) == []

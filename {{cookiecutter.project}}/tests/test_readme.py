@@ -11,7 +11,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core.errors import ConfigError
 
-from helpers.pages import anchors, commands, links
+from helpers.pages import broken_links, commands
 from helpers.paths import PACKAGE, PROJECT
 from helpers.runs import hydra_run
 
@@ -26,13 +26,7 @@ HYDRA_OWN = ("hydra.", "hydra/")  # the run folder and the launcher: Hydra's own
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_every_relative_link_leads_to_a_file_and_heading_that_exist(page):
-    broken = []
-    for target in links(page.read_text()):
-        path, _, anchor = target.partition("#")
-        found = (page.parent / path).resolve() if path else page
-        if not found.exists() or (anchor and found.suffix == ".md" and anchor not in anchors(found)):
-            broken.append(target)
-    assert broken == []
+    assert broken_links(page) == []
 
 
 def runs(words: list[str], paths: dict[str, str]) -> list[list[str]]:

@@ -40,3 +40,14 @@ def commands(text: str, *modules: str) -> list[tuple[int, str]]:
                 found.append((number, command.replace("\\\n", " ")))
             number += command.count("\n") + 1
     return found
+
+
+def broken_links(page: Path) -> list[str]:
+    """The page's relative links that lead to no file, or to a heading its page does not have."""
+    broken = []
+    for target in links(page.read_text()):
+        path, _, anchor = target.partition("#")
+        found = (page.parent / path).resolve() if path else page
+        if not found.exists() or (anchor and found.suffix == ".md" and anchor not in anchors(found)):
+            broken.append(target)
+    return broken
