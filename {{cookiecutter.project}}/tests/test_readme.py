@@ -12,7 +12,7 @@ from {{ cookiecutter.package }} import options
 from {{ cookiecutter.package }}.core.errors import ConfigError
 
 from helpers.pages import broken_links, commands
-from helpers.paths import PACKAGE, PROJECT
+from helpers.paths import CONF, PACKAGE, PROJECT
 from helpers.runs import hydra_run
 
 PAGES = [page for page in [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md"))] if page.exists()]
@@ -22,6 +22,11 @@ DOCUMENTED = [pytest.param(command, id=f"{page.name}:{line}") for page in PAGES
               for line, command in commands(page.read_text(), *(f"{PACKAGE}.{entry}" for entry in ENTRIES))
               if not re.search(r"(^|\s)(--config-dir|-cd)\b", command)]
 HYDRA_OWN = ("hydra.", "hydra/")  # the run folder and the launcher: Hydra's own settings, not the run's
+# The other commands with a config of their own (export's in its own folder): what they show must compose.
+CONFIGS = {path.stem: path.parent for path in [*CONF.glob("*.yaml"), *CONF.glob("*/*.yaml")]
+           if path.stem not in ENTRIES and path.parent.name in (CONF.name, path.stem)}
+COMPOSED = [pytest.param(command, id=f"{page.name}:{line}") for page in PAGES
+            for line, command in commands(page.read_text(), *(f"{PACKAGE}.{name}" for name in CONFIGS))]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
@@ -61,6 +66,19 @@ def test_every_documented_training_and_tune_command_passes_the_start_up_checks(c
             except ConfigError as missing:
                 pytest.skip(str(missing))
             options.check(cfg)
+
+
+@pytest.mark.parametrize("command", COMPOSED)
+def test_every_other_documented_command_composes(command, tmp_path):
+    """evaluate, predict, export, bench, pack and gpu_check as a page shows them: each key and option exists in
+    that command's config, each <placeholder> one word."""
+    words = shlex.split(re.sub(r"<[^<>\n]*>", "placeholder", command), comments=True)
+    start = next(index for index, word in enumerate(words)
+                 if word == "-m" and words[index + 1] in {f"{PACKAGE}.{name}" for name in CONFIGS})
+    entry = words[start + 1].rpartition(".")[2]
+    for overrides in runs(words[start + 2:], {}):
+        with hydra_run(entry, overrides, tmp_path, CONFIGS[entry]):
+            pass
 
 
 def test_a_sweep_is_checked_value_by_value_and_paths_are_this_machines():
