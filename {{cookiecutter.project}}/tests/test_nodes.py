@@ -19,7 +19,7 @@ import pytest
 from helpers.packs import packed_tree
 from helpers.paths import PACKAGE, PROJECT
 from helpers.processes import CPU_ONLY, finish, stop_one_rank, wait_for
-from helpers.runs import SMALL_MODEL, logged_windows, summary, tiny
+from helpers.runs import SMALL_MODEL, TINY_SYNTHETIC, logged_windows, summary, tiny
 
 pytestmark = pytest.mark.full
 
@@ -67,11 +67,17 @@ class Nodes:
             Path("/etc/netns", namespace).mkdir(parents=True, exist_ok=True)
             Path("/etc/netns", namespace, "hosts").write_text(hosts)
 
-    def start(self, node: int, command: list[str], cwd: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
+    def start(self, node: int, command: list[str], cwd: Path, log: Path, env: dict[str, str],
+              own_folder: Path | None = None) -> subprocess.Popen:
         """`command` on node `node`, in the background; its output in `log`. The process is the command itself
-        (every wrapper execs), so that killing it and its children kills the node."""
+        (every wrapper execs), so that killing it and its children kills the node. `own_folder`: a folder this node
+        sees as a disk of its own (a tmpfs in its own mount namespace), where the other node sees the shared one."""
         inner = f"hostname node{node} && exec {shlex.join(command)}"
-        return subprocess.Popen(["ip", "netns", "exec", self.namespaces[node], "unshare", "--uts", "sh", "-c", inner],
+        unshare = ["unshare", "--uts"]
+        if own_folder is not None:
+            inner = f"mount -t tmpfs {self.tag} {shlex.quote(str(own_folder))} && {inner}"
+            unshare += ["--mount", "--propagation", "private"]
+        return subprocess.Popen(["ip", "netns", "exec", self.namespaces[node], *unshare, "sh", "-c", inner],
                                 cwd=cwd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
 
     def close(self) -> None:
@@ -171,6 +177,29 @@ def test_two_nodes_train_in_blocks_and_a_node_that_dies_is_replaced_with_every_i
     assert covered[1]["trained_before_resume"] == int(resumed[2]) % steps_per_epoch * BATCH * processes
     assert covered[0]["workers"] == [measured[0]] * per_node + [measured[1]] * per_node
     assert covered[-1]["workers"] == [measured[0]] * per_node + [replacement] * per_node
+
+
+def test_nodes_that_do_not_share_the_run_folder_stop_at_start_in_one_line_naming_them(nodes, tmp_path, cache_dir):
+    """node1 sees outputs/ as a disk of its own: each node would write its own run folder, keep checkpoints the other
+    cannot resume from, and a restart would resume from neither. The job stops before its first step, its line naming
+    the folder and node1."""
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    words = [word.replace("--max-restarts=3", "--max-restarts=0") for word in readme_line(nodes=2, processes=1)]
+    command = [*words, "debug=tiny", f"model.name={SMALL_MODEL}", f"data.cache_dir={cache_dir}", *TINY_SYNTHETIC]
+    logs = [tmp_path / f"node{node}.txt" for node in range(2)]
+    env = {**os.environ, **CPU_ONLY}
+    agents = [nodes.start(node, command, tmp_path, logs[node], env, own_folder=outputs if node else None)
+              for node in range(2)]
+    for agent in agents:
+        finish(agent, timeout=300)
+    said = logs[0].read_text()
+    assert [agent.returncode != 0 for agent in agents] == [True, True], said[-3000:]
+    run_dir = outputs / "torchrun-exp1"
+    lines = [line for line in said.splitlines() if line.startswith("error: the run folder")]
+    assert lines and f"the run folder {run_dir} is not one folder for every node" in lines[0], said[-3000:]
+    assert "rank 0 (host node0) does not see what rank 1 (host node1) wrote there" in lines[0]
+    assert not (run_dir / "last.pt").exists() and not list(run_dir.glob(".processes/*")), "no step was trained"
 
 
 ON_A_NODE = [pytest.param(4, id="four processes"), pytest.param(8, id="eight processes", marks=SLOW)]

@@ -209,6 +209,7 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
     torch.manual_seed(cfg.seed)
     failures.worker_deaths_surface_in_next()
     began = time.perf_counter()
+    distributed.check_shared(run_dir, world)  # before a node resumes from, or writes, a folder the others cannot see
     run = make_run(cfg, run_dir, world, forensics, began)
     run_record.keep_resume()  # once the run is built: a value refused while building it must not come back
     run.setup = {"total_s": time.perf_counter() - began, **run.loaders.setup}  # data, workers=auto, model, compile

@@ -5,6 +5,7 @@
 import datetime
 import logging
 import os
+import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,13 @@ class World:
             dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return float(tensor.item())
 
+    def from_main(self, value):
+        """Rank 0's `value`, in every process."""
+        values = [value]
+        if self.size > 1:
+            dist.broadcast_object_list(values, src=0)
+        return values[0]
+
     def hosts(self) -> list[str]:
         """Every process's host name, in rank order."""
         names = [socket.gethostname()] * self.size
@@ -72,6 +80,36 @@ class World:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None,
                                        find_unused_parameters=partly_frozen)
+
+
+def check_shared(run_dir: Path, world: World) -> None:
+    """Stop every process in one line where the run folder is not one folder for all of them: each writes a token
+    into it, and rank 0 must see every token. Nodes that each write a folder of their own would each keep checkpoints
+    the others cannot resume from."""
+    if world.size == 1:
+        return
+    start = world.from_main(secrets.token_hex(4))  # this start's tokens alone: an earlier start's may lie there
+    tokens = run_dir / ".processes"
+    tokens.mkdir(parents=True, exist_ok=True)
+    (tokens / f"{start}-{world.rank}").touch()
+    world.sum(torch.zeros(1, device=world.device))  # every token written before rank 0 looks
+    hosts, refusal = world.hosts(), None
+    if world.is_main:
+        written = list(tokens.glob(f"{start}-*"))
+        unseen = sorted(set(range(world.size)) - {int(path.name.rpartition("-")[2]) for path in written})
+        if unseen:
+            names = ", ".join(sorted({hosts[rank] for rank in unseen}))
+            refusal = (f"the run folder {run_dir} is not one folder for every node: rank 0 (host {hosts[0]}) does not "
+                       f"see what rank{'s' * (len(unseen) > 1)} {', '.join(map(str, unseen))} (host {names}) wrote "
+                       "there, so each node would keep checkpoints the others cannot resume from: put hydra.run.dir "
+                       "on a file system every node mounts (NFS, a shared volume)")
+        for path in written:
+            path.unlink()
+        if not any(tokens.iterdir()):
+            tokens.rmdir()
+    refusal = world.from_main(refusal)
+    if refusal:
+        raise ConfigError(refusal)
 
 
 class RankFilter(logging.Filter):
