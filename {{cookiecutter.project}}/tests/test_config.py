@@ -232,9 +232,13 @@ def test_imagenet_recipe_scales_the_learning_rate_with_the_global_batch(monkeypa
 
 
 BUILT = [(g, o) for g, o in OPTIONS if g not in OVERLAYS]
+# Options whose build alone takes seconds, built in the full tier, where test_logger.py also reads their runs back.
+SLOW_TO_BUILD = {("logger", "mlflow"): "an MLflow run in a SQLite store, 5 s", ("logger", "wandb"): "a W&B run, 3 s"}
 
 
-@pytest.mark.parametrize(("group", "option"), BUILT, ids=[f"{g}={o}" for g, o in BUILT])
+@pytest.mark.parametrize(("group", "option"), [
+    pytest.param(group, option, id=f"{group}={option}",
+                 marks=[pytest.mark.full] if (group, option) in SLOW_TO_BUILD else []) for group, option in BUILT])
 def test_option_composes_and_builds(group, option, compose_tiny, tmp_path, tiny_root):
     choice, facts = f"{group}={option}", options.facts(group, option)
     if facts.gpu and not facts.without_gpu and DEVICE.type != "cuda":

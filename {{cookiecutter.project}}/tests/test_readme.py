@@ -17,15 +17,24 @@ from helpers.runs import hydra_run
 
 PAGES = [page for page in [PROJECT / "README.md", *sorted((PROJECT / "docs").glob("*.md"))] if page.exists()]
 ENTRIES = ("train", "tune")  # the commands whose config options.check() checks at start-up
+# The measurements' commands (docs/benchmarks.md, a dozen long sweeps) are the full tier's: the fast one checks
+# those a user starts from.
+MEASURED = ("benchmarks.md",)
+
+
+def tier(page) -> list:
+    return [pytest.mark.full] if page.name in MEASURED else []
+
+
 # A command that reads a config folder of the user's own (--config-dir) is left out: the tests cannot have it.
-DOCUMENTED = [pytest.param(command, id=f"{page.name}:{line}") for page in PAGES
+DOCUMENTED = [pytest.param(command, id=f"{page.name}:{line}", marks=tier(page)) for page in PAGES
               for line, command in commands(page.read_text(), *(f"{PACKAGE}.{entry}" for entry in ENTRIES))
               if not re.search(r"(^|\s)(--config-dir|-cd)\b", command)]
 HYDRA_OWN = ("hydra.", "hydra/")  # the run folder and the launcher: Hydra's own settings, not the run's
 # The other commands with a config of their own (export's in its own folder): what they show must compose.
 CONFIGS = {path.stem: path.parent for path in [*CONF.glob("*.yaml"), *CONF.glob("*/*.yaml")]
            if path.stem not in ENTRIES and path.parent.name in (CONF.name, path.stem)}
-COMPOSED = [pytest.param(command, id=f"{page.name}:{line}") for page in PAGES
+COMPOSED = [pytest.param(command, id=f"{page.name}:{line}", marks=tier(page)) for page in PAGES
             for line, command in commands(page.read_text(), *(f"{PACKAGE}.{name}" for name in CONFIGS))]
 
 

@@ -104,9 +104,11 @@ def tier(choices: tuple[str, ...]) -> list:
     """The fast tier reads every format in the default order, in the training process, without a prefetcher; the
     other orders, loader workers and prefetchers, which read ahead of the step, are the full tier's, and so are the
     decoders and policies crossed with one loader, whose draws per image test_decoder.py and test_augment.py check
-    in the fast tier."""
+    in the fast tier, and the stagings on the device, whose resumes test_resident.py checks there."""
     fast = {"loader.num_workers=0", f"prefetcher={options.default('prefetcher')}", f"order={options.default('order')}"}
-    return [] if fast <= set(choices) and choices[:len(ONE_LOADER)] != ONE_LOADER else [pytest.mark.full]
+    own_staging = any(choice.startswith("staging=") for choice in choices)
+    return [] if fast <= set(choices) and choices[:len(ONE_LOADER)] != ONE_LOADER and not own_staging \
+        else [pytest.mark.full]
 
 
 @pytest.mark.parametrize("choices", [pytest.param(choices, id=" ".join(choices), marks=tier(choices))
