@@ -72,7 +72,7 @@ test-base: $(VENV)/installed
 	rm -rf $(BASE_DIR) $(BASE_VENV)
 	$(PY) -m cookiecutter --no-input . --output-dir $(BASE_DIR)
 	$(PYTHON) -m venv $(BASE_VENV)
-	$(UV) pip install --quiet --compile-bytecode --python $(BASE_VENV)/bin/python -e $(BASE_PROJECT) pytest pytest-xdist
+	$(UV) pip install --quiet --compile-bytecode --python $(BASE_VENV)/bin/python -e $(BASE_PROJECT) pytest pytest-xdist pytest-timeout
 	$(MAKE) --no-print-directory -C $(BASE_PROJECT) tier MARKS="not full and not gpu" \
 		PYTHON=$(abspath $(BASE_VENV))/bin/python ARGS="-q --durations=30"
 
