@@ -31,18 +31,27 @@ def start_cli(run_dir: Path, overrides: tuple[str, ...], cache_dir: Path, tiny_r
     """The training command line in the background, as train_cli would run it."""
     command = cli_command(run_dir, overrides, cache_dir, tiny_root, launcher)
     return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **QUIET, **(env or {})})
+                            env={**os.environ, **QUIET, **(env or {})}, start_new_session=True)
 
 
 def stop(process: subprocess.Popen) -> str:
-    """Kill `process` and every process it started; its stderr, where it was piped."""
+    """Kill `process` and every process it started; its stderr, where it was piped. Its process group goes too, where
+    it leads one (start_cli's): a process started while the tree was being killed would hold the pipes open."""
     import psutil
+    import signal
 
     if process.poll() is None:
         for child in psutil.Process(process.pid).children(recursive=True):
             child.kill()
         process.kill()
-    return process.communicate()[1] or ""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:  # no group of its own, or none of it left
+        pass
+    try:
+        return process.communicate(timeout=60)[1] or ""
+    except subprocess.TimeoutExpired:
+        return "(its output pipes were still held open 60 s after it was killed, by a process outside its group)"
 
 
 def wait_for(condition, *processes: subprocess.Popen, timeout: float = 300) -> None:
