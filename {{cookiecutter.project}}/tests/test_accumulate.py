@@ -1,13 +1,18 @@
 """train.accumulate: the summed gradients of k batches of b step the optimizer as one batch of k x b would, a
-shorter last group included, and under DistributedDataParallel too."""
+shorter last group included, and under DistributedDataParallel too; train.global_batch, the accumulation that keeps
+a step's images on any number of processes."""
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 from {{ cookiecutter.package }}.core.distributed import World
-from {{ cookiecutter.package }}.loop.accumulate import GradientAccumulation
+from {{ cookiecutter.package }}.core.errors import ConfigError
+from {{ cookiecutter.package }}.loop.accumulate import GradientAccumulation, batches_per_step
 
 SINGLE = World(0, 0, 1, torch.device("cpu"))
 
@@ -90,3 +95,38 @@ def test_under_ddp_a_short_group_is_averaged_over_the_processes_too(tmp_path):
     expected = one_batch_gradient(model, *both)
     torch.testing.assert_close(results[0], expected)
     torch.testing.assert_close(results[1], expected)
+
+
+def per_step(global_batch, batch_size: int, processes: int, accumulate: int = 1) -> int:
+    return batches_per_step(OmegaConf.create({"global_batch": global_batch, "batch_size": batch_size,
+                                              "accumulate": accumulate}), processes)
+
+
+@pytest.mark.parametrize("processes", [1, 2, 4, 8])
+def test_a_global_batch_keeps_the_steps_images_on_any_number_of_processes(processes):
+    assert processes * per_step(256, 32, processes) * 32 == 256
+    assert per_step(None, 32, processes, accumulate=3) == 3  # no global batch: train.accumulate as given
+
+
+@pytest.mark.parametrize(("global_batch", "batch_size", "processes"), [(256, 64, 3), (250, 64, 2), (100, 64, 1),
+                                                                       (6, 4, 4)])
+def test_a_global_batch_the_processes_cannot_make_up_is_refused_naming_sizes_that_fit(global_batch, batch_size,
+                                                                                    processes):
+    with pytest.raises(ConfigError) as refused:
+        per_step(global_batch, batch_size, processes)
+    message = str(refused.value)
+    assert message.startswith(f"train.global_batch={global_batch} is not a whole number of train.batch_size="
+                              f"{batch_size} batches on each of {processes} process"), message
+    offered = re.findall(r"train\.(batch_size|global_batch)=(\d+(?: or \d+)*)", message.partition(": pass ")[2])
+    assert [key for key, _ in offered] in (["global_batch"], ["batch_size", "global_batch"]), message
+    for key, values in offered:
+        for value in map(int, values.split(" or ")):  # each offer, taken, is accepted
+            fixed = (global_batch, value) if key == "batch_size" else (value, batch_size)
+            assert processes * per_step(*fixed, processes) * fixed[1] == fixed[0]
+
+
+def test_a_global_batch_beside_an_accumulation_or_of_no_images_is_refused():
+    with pytest.raises(ConfigError, match=r"^train.accumulate=2 and train.global_batch=64 both set the step"):
+        per_step(64, 8, 2, accumulate=2)
+    with pytest.raises(ConfigError, match=r"^train.global_batch=0 is not a number of images"):
+        per_step(0, 8, 2)

@@ -183,9 +183,11 @@ def test_train_mixup_and_cutmix_reach_every_step_with_soft_targets(train_in_proc
     assert all(target.shape == (4, 3) and torch.allclose(target.sum(dim=1), torch.ones(4)) for target in targets)
 
 
-def test_train_accumulate_steps_once_per_group_and_trains_every_image(train_in_process, caplog):
+@pytest.mark.parametrize("step", ["train.accumulate=4", "train.global_batch=16"])
+def test_train_accumulate_steps_once_per_group_and_trains_every_image(train_in_process, caplog, step):
+    """Four batches of 4 a step, asked for as such or as a global batch of 16 images on one process."""
     caplog.set_level(logging.INFO)
-    summary = train_in_process("train.accumulate=4", "train.epochs=2")
+    summary = train_in_process(step, "train.epochs=2")
     assert summary.steps == 4  # 6 batches an epoch: a step of 4, then one of the last 2
     assert len(re.findall(r"epoch \d trained each of its 24 images once", caplog.text)) == 2, caplog.text
 

@@ -35,6 +35,7 @@ from .diagnosis.report import format_report, summarize
 from .diagnosis.summary import Summary
 from .diagnosis.sysmon import SystemMonitor
 from .loop import cudnn
+from .loop.accumulate import batches_per_step
 from .loop.accuracy import time_to_accuracy
 from .loop.assemble import make_data, make_limits, make_optimization, make_weights
 from .loop.checkpoint import Checkpoints, Inference, check_fits, resume_state
@@ -54,6 +55,8 @@ log = logging.getLogger(__name__)
 def make_run(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics, began: float | None = None) -> Run:
     """Build data, model and helpers; everything that can refuse the config does so before any file is written."""
     device, injected = world.device, faults.on_rank(cfg.faults, world.rank)
+    # Set here once, so that every part reading train.accumulate (the compile check, the step, the report) agrees.
+    cfg.train.accumulate = batches_per_step(cfg.train, world.size)
     accuracy = time_to_accuracy(cfg.train.top1_levels, began)  # its levels checked before anything is built
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     network = build(cfg.model)

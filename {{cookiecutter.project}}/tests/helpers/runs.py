@@ -110,6 +110,7 @@ BAD_INPUT = {
     "train.ema_decay=1": ["train.ema_decay=1"],
     "train.mixup_alpha=-0.2": ["train.mixup_alpha=-0.2"],
     "train.accumulate=0": ["train.accumulate=0"],
+    "train.global_batch the batches cannot make up": ["train.global_batch=6"],
     "data.start_crop_size above data.crop_size": ["data.start_crop_size=64"],
     "data.crop_ramp_epochs not a pair": ["data.start_crop_size=16", "data.crop_ramp_epochs=3"],
     "data.start_crop_size without a ramp": ["data.start_crop_size=16"],

@@ -9,8 +9,36 @@ the batches it had, and under DistributedDataParallel, whose hooks skipped them,
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
+from omegaconf import DictConfig
 
 from ..core.distributed import World
+from ..core.errors import ConfigError
+
+
+def batches_per_step(train: DictConfig, processes: int) -> int:
+    """The batches each process sums into a step: train.accumulate, or where train.global_batch is set, as many as
+    make that many images a step on `processes` processes. A run defined by its global batch keeps its steps when it
+    runs, or resumes, on another number of processes. A global batch that the processes' batches cannot make up is
+    refused in one line naming the sizes that fit."""
+    images, batch = train.global_batch, train.batch_size
+    if images is None:
+        return train.accumulate
+    if isinstance(images, bool) or not isinstance(images, int) or images < 1:
+        raise ConfigError(f"train.global_batch={images} is not a number of images: pass a whole number of at least 1, "
+                          "or null to step every train.accumulate batches")
+    if train.accumulate != 1:
+        raise ConfigError(f"train.accumulate={train.accumulate} and train.global_batch={images} both set the step: "
+                          "pass one of them (with train.global_batch, the accumulation follows from the process count)")
+    if images % (batch * processes):
+        fitting = [size for size in range(1, images // processes + 1) if images % (size * processes) == 0]
+        nearest = sorted({size for size in [max((size for size in fitting if size < batch), default=None),
+                                            min((size for size in fitting if size > batch), default=None)] if size})
+        near = sorted({max(1, images // (batch * processes)), images // (batch * processes) + 1})
+        instead = f"train.batch_size={' or '.join(map(str, nearest))}, or " if nearest else ""
+        raise ConfigError(f"train.global_batch={images} is not a whole number of train.batch_size={batch} batches on "
+                          f"each of {processes} process{'es' * (processes > 1)}: pass {instead}train.global_batch="
+                          f"{' or '.join(str(rounds * batch * processes) for rounds in near)}")
+    return images // (batch * processes)
 
 
 class GradientAccumulation:
