@@ -49,19 +49,16 @@ def missing_fuse() -> str | None:
 
 @contextlib.contextmanager
 def fusectl():
-    """FUSE's control file system on /sys/fs/fuse/connections, where a mount is aborted; mounted for the block where
-    the machine has not (systemd mounts it at boot), or the test skips with the reason."""
-    if mount_entry(FUSECTL):
-        yield
-        return
-    done = subprocess.run(["mount", "-t", "fusectl", "fusectl", str(FUSECTL)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f"aborting a FUSE mount needs fusectl on {FUSECTL}, and mounting it was refused: "
-                    f"{done.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", str(FUSECTL)], capture_output=True)
+    """FUSE's control file system on /sys/fs/fuse/connections, where a mount is aborted, or the test skips with the
+    reason. Mounted where the machine has not (systemd mounts it at boot), and left mounted, as systemd leaves it:
+    unmounted after one test, it would be gone under another test process aborting a mount through it."""
+    if not mount_entry(FUSECTL):
+        done = subprocess.run(["mount", "-t", "fusectl", "fusectl", str(FUSECTL)], capture_output=True, text=True,
+                              timeout=30)
+        if done.returncode and not mount_entry(FUSECTL):  # not another test process's mount in the meantime
+            pytest.skip(f"aborting a FUSE mount needs fusectl on {FUSECTL}, and mounting it was refused: "
+                        f"{done.stderr.strip()}")
+    yield
 
 
 @contextlib.contextmanager
