@@ -3,6 +3,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -182,13 +183,27 @@ def test_baked_project_passes_its_own_tests(installed, tier, capsys):
     every command they show is still checked."""
     project, python = installed
     with as_its_user_left_it(project) if tier == "fast" else nullcontext() as deleted:
-        result = subprocess.run(["make", "--no-print-directory", "tier", f"MARKS={TIERS[tier]}", f"PYTHON={python}",
-                                 "ARGS=-q --durations=30"], cwd=project, capture_output=True, text=True, timeout=3600)
+        returncode, stdout, stderr = run_tier(project, ["make", "--no-print-directory", "tier", f"MARKS={TIERS[tier]}",
+                                                        f"PYTHON={python}", "ARGS=-q --durations=30"])
     assert deleted is None or len(deleted) >= 1, "no docs page was left unlinked to delete"
-    assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and " failed" not in result.stdout
+    assert returncode == 0, stdout[-8000:] + stderr[-3000:]
+    assert " passed" in stdout and " failed" not in stdout
     with capsys.disabled():
-        print(f"\n---- the baked project's {tier} tier ----\n{where_the_time_went(result.stdout)}")
+        print(f"\n---- the baked project's {tier} tier ----\n{where_the_time_went(stdout)}")
+
+
+def run_tier(project: Path, command: list[str], timeout: float = 3600) -> tuple[int, str, str]:
+    """The tier's exit code and output. Past `timeout`, every process it started is killed, and the test fails with
+    what the tier printed until then: a hang inside must neither hold CI nor leave test processes on its cores."""
+    tier = subprocess.Popen(command, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = tier.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(tier.pid, signal.SIGKILL)
+        stdout, stderr = tier.communicate()
+        pytest.fail(f"the tier ran past {timeout:.0f} s; what it printed:\n{stdout[-8000:]}{stderr[-3000:]}")
+    return tier.returncode, stdout, stderr
 
 
 def where_the_time_went(output: str) -> str:
