@@ -8,9 +8,10 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from {{ cookiecutter.package }}.contracts import Layout
 from {{ cookiecutter.package }}.core.errors import ConfigError
+from {{ cookiecutter.package }}.data.order import FULL_SHUFFLE
 from {{ cookiecutter.package }}.data.sampling import EpochBatches, EpochSampler, agreed_layout
 
-from helpers.epochs import BLOCKS, Job, agreed
+from helpers.epochs import BLOCKS, Job, Sized, agreed
 
 def test_the_processes_agree_on_their_worker_counts_and_refuse_another_data_set_in_one_line():
     assert agreed(100, [2, 0, 5], 4) == Layout(3, (2, 1, 5), 4)
@@ -62,3 +63,40 @@ def test_resumed_on_its_own_layout_each_block_is_still_read_by_one_worker():
     assert all(len(who) == 1 for who in readers.values()), readers
 
 
+
+
+def steps_of(size: int, processes: int, global_batch: int, batch: int, skip: int = 0, steps: int | None = None,
+             epoch: int = 3) -> list[set]:
+    """Each optimizer step of the epoch's order, from `skip` images in: the micro-batches its processes train, each
+    the tuple of its images in order, as the loop groups each process's batches (global_batch / (batch ×
+    processes) a step)."""
+    accumulate = global_batch // (batch * processes)
+    shares = []
+    for rank in range(processes):
+        sampler = EpochSampler(Sized(size), rank, 0, FULL_SHUFFLE, Layout(processes, (1,) * processes, batch))
+        sampler.set_epoch(epoch, skip)
+        plan = sampler.plan(epoch, skip, sampler.epoch_layout)
+        shares.append([tuple(plan.indices(number).tolist()) for number in range(plan.batches)])
+    taken = [{share[number] for share in shares for number in range(step * accumulate, (step + 1) * accumulate)}
+             for step in range(len(shares[0]) // accumulate)]
+    return taken[:steps]
+
+
+def test_a_global_batch_trains_the_same_micro_batches_each_step_on_1_2_3_and_4_processes():
+    """96 images, micro-batches of 2, 24 images a step: each step's 12 micro-batches, each the same images in the
+    same order, whether one process sums 12 of them or four processes 3 each."""
+    one = steps_of(96, 1, 24, 2)
+    assert len(one) == 4 and all(len(step) == 12 for step in one)
+    for processes in (2, 3, 4):
+        assert steps_of(96, processes, 24, 2) == one, processes
+
+
+def test_a_run_cut_on_4_processes_resumed_on_2_then_cut_and_resumed_on_3_trains_the_uninterrupted_steps():
+    """The images all processes trained before a cut are the order's first (one step's on 4 processes, then two
+    more on 2): resumed on any number, the rest of the epoch's steps are the uninterrupted run's, and every image of
+    the epoch is trained once."""
+    whole = steps_of(96, 1, 24, 2)
+    cut = [*steps_of(96, 4, 24, 2, steps=1), *steps_of(96, 2, 24, 2, skip=24, steps=2),
+           *steps_of(96, 3, 24, 2, skip=72)]
+    assert cut == whole
+    assert sorted(index for step in cut for micro_batch in step for index in micro_batch) == list(range(96))

@@ -155,8 +155,9 @@ class Order(ABC):
 
     @abstractmethod
     def draw(self, size: int, generator: torch.Generator, layout: Layout) -> EpochOrder:
-        """One epoch's order of range(size), drawn from `generator`. Process r trains on every processes-th image
-        of it from r, and its k-th batch is made by its worker k % workers[r] (the DataLoader's turn)."""
+        """One epoch's order of range(size), drawn from `generator`. Cut into micro-batches of the layout's batch
+        size, process r trains on every processes-th micro-batch from r, and its k-th batch is made by its worker
+        k % workers[r] (the DataLoader's turn)."""
 
     def reads(self, store: Store) -> Store:
         """What the workers read from: `store`, or a view of it that reads this order's runs at once."""

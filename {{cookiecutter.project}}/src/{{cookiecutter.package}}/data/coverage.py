@@ -1,7 +1,7 @@
 """The proof that an epoch trained every image once: each process folds the indices of the batches it trained on
 into a small digest, the digests travel in the logging window's gather, and at the epoch's end they must add up to
-the whole data set's, with the images the epoch leaves out (partial batches, the uneven tail) and those trained
-before a resume.
+the whole data set's, with the images the epoch leaves out (the tail no process's whole batch reaches) and those
+trained before a resume.
 
 A `Digest` is a count and two sums of hashed indices. Each is order-independent and additive, so the digests of
 every process's batches add up to the digest of what they trained together, and an image missed or trained twice
@@ -53,7 +53,7 @@ class EpochRecord:
     epoch: int
     workers: int  # the process's loader workers, for the line that reports a mismatch
     trained: Digest
-    left_out: Digest  # this process's partial batch, and on rank 0 the uneven tail
+    left_out: Digest  # on rank 0, the tail no process's whole batch reaches
 
     WIDTH = 8  # numbers in a row
 

@@ -1,5 +1,5 @@
-"""Which images each process trains on, and in which order: one order per epoch, strided over the processes, drawn
-for the layout of processes and workers that every process agreed on at start."""
+"""Which images each process trains on, and in which order: one order per epoch, cut into micro-batches that the
+processes take in turn, drawn for the layout of processes and workers that every process agreed on at start."""
 import itertools
 import zlib
 from collections import deque
@@ -18,8 +18,9 @@ from .order import FULL_SHUFFLE
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """One process's share of one epoch: its images in training order (`drawn` is the whole epoch's order), its
-    whole batches and what it leaves out. Rank 0 also leaves out the uneven tail that no process takes."""
+    """One process's share of one epoch: its batches in training order (`drawn` is the whole epoch's order, cut into
+    micro-batches of `batch_size` that the processes take in turn) and what it leaves out. Rank 0 leaves out the
+    tail, fewer images than a micro-batch for each process, that no process takes."""
     epoch: int
     skip: int  # the images of the epoch all processes trained on before it was resumed: the first of `drawn`
     rank: int
@@ -28,17 +29,21 @@ class EpochPlan:
     drawn: EpochOrder
 
     @property
-    def images(self) -> int:
-        """This process's share: every processes-th image after the first `skip`."""
-        return max(0, len(self.drawn.indices) - self.skip) // self.processes
+    def batches(self) -> int:
+        """This process's batches: as many as every process gets, of the micro-batches after the first `skip`."""
+        return max(0, len(self.drawn.indices) - self.skip) // (self.batch_size * self.processes)
 
     @property
-    def batches(self) -> int:
-        return self.images // self.batch_size
+    def images(self) -> int:
+        return self.batches * self.batch_size
 
     def positions(self, start: int, stop: int) -> np.ndarray:
-        """Where this process's images start..stop-1 of the epoch sit in `drawn`."""
-        return self.skip + self.rank + self.processes * np.arange(start, stop)
+        """Where this process's images start..stop-1 of the epoch sit in `drawn`: its batch b is the epoch's
+        micro-batch b × processes + rank after the first `skip` images, so a step of the same global batch trains
+        the same micro-batches on any number of processes."""
+        image = np.arange(start, stop)
+        micro_batch = image // self.batch_size * self.processes + self.rank
+        return self.skip + micro_batch * self.batch_size + image % self.batch_size
 
     def indices(self, batch: int) -> np.ndarray:
         return self.drawn.indices[self.positions(batch * self.batch_size, (batch + 1) * self.batch_size)]
@@ -58,21 +63,23 @@ class EpochPlan:
         return self.drawn.indices[:self.skip]
 
     def left_out(self) -> np.ndarray:
-        """The images this process does not train on in this epoch: its partial batch and, on rank 0, the images
-        after the last whole share of every process (fewer than the processes), as DistributedSampler drops them."""
-        partial = self.drawn.indices[self.positions(self.batches * self.batch_size, self.images)]
+        """The images no process trains on in this epoch, on rank 0: those after the last micro-batch that every
+        process gets one of (fewer than batch_size × processes), as a DataLoader with drop_last drops a partial
+        batch."""
         tail = self.drawn.indices[self.skip + self.images * self.processes:] if self.rank == 0 else []
-        return np.concatenate([partial, tail]).astype(np.int64)
+        return np.asarray(tail, dtype=np.int64)
 
 
 class EpochSampler(Sampler):
     """The epochs' orders for one process, able to start the next epoch part-way, with as many processes as before
     or not.
 
-    An epoch is one order of the data set whatever the number of processes, and rank r takes every processes-th
-    image of it from r, so what all processes together have trained on is always the order's beginning. A resumed
-    run leaves that out and strides over the rest with its own number of processes. The images left over that do
-    not divide among the processes sit out the epoch, as with DistributedSampler's drop_last. The order is the
+    An epoch is one order of the data set whatever the number of processes, cut into micro-batches of batch_size
+    images, and rank r takes every processes-th micro-batch from r: the micro-batches that make up a step are the
+    same on any number of processes (given the same global batch), and what all processes together have trained on
+    is always the order's beginning. A resumed run leaves that out and deals the rest over its own number of
+    processes. The images after the last micro-batch every process gets one of sit out the epoch, as with a
+    DataLoader's drop_last. The order is the
     order option's (data/order.py), drawn for the layout of the processes and workers reading it, which every
     process holds the same (`agreed_layout`): one order for all of them.
     """
@@ -112,11 +119,13 @@ class EpochSampler(Sampler):
     def __iter__(self):
         """The keys of this process's images of the epoch set last, in order (data.images.Images takes them)."""
         plan = self.plan(self.epoch, self.skip, self.epoch_layout)
-        for batch in range(-(-plan.images // plan.batch_size)):
-            yield from plan.keys(batch)[:plan.images - batch * plan.batch_size]
+        for batch in range(plan.batches):
+            yield from plan.keys(batch)
 
     def __len__(self) -> int:
-        return max(0, len(self.dataset) - self.skip) // self.processes
+        """Images this process trains on in the epoch set last: its whole batches."""
+        batch = self.layout.batch_size
+        return max(0, len(self.dataset) - self.skip) // (batch * self.processes) * batch
 
 
 class Shard(Sampler[int]):
