@@ -41,16 +41,21 @@ def test_a_model_with_more_outputs_than_classes_gets_targets_for_all_of_them():
     assert targets.shape == (8, 10) and not targets[:, 3:].any()
 
 
-def test_each_rank_draws_its_own_mix_and_the_same_batch_of_the_run_draws_the_same_again():
-    """Seeded per batch from (seed, rank, step, batch in the step): two ranks mix the same step differently, and a
-    resumed run, seeding the same step again, mixes as the uninterrupted run did."""
+def test_each_micro_batch_draws_its_own_mix_on_any_number_of_processes_and_again_when_resumed():
+    """Seeded per micro-batch of the epoch's order (seed, epoch, micro-batch): two ranks mix the same step
+    differently; the micro-batch that rank 1 of two trains, one process alone trains as the second batch of the same
+    step (a global batch of two), and mixes it the same; a resumed run, seeding the same batch again, mixes as the
+    uninterrupted run did."""
     images, labels = batch()
     mix = BatchMix(0.2, 1.0, classes=5)
 
-    def mixed(rank: int, step: int, batch_in_step: int = 0) -> torch.Tensor:
-        BatchSeeds(seed=0, rank=rank).before(step, batch_in_step)
+    def mixed(rank: int, images_in_epoch: int, batch_in_step: int = 0, processes: int = 2,
+              epoch: int = 0) -> torch.Tensor:
+        BatchSeeds(seed=0, rank=rank, processes=processes, batch_size=8).before(epoch, images_in_epoch, batch_in_step)
         return mix(images, labels)[1]
 
-    assert not torch.equal(mixed(0, 5), mixed(1, 5))
-    assert not torch.equal(mixed(0, 5), mixed(0, 6)) and not torch.equal(mixed(0, 5), mixed(0, 5, 1))
-    assert torch.equal(mixed(0, 5), mixed(0, 5)) and torch.equal(mixed(1, 7), mixed(1, 7))
+    assert not torch.equal(mixed(0, 80), mixed(1, 80))
+    assert torch.equal(mixed(1, 80), mixed(0, 80, batch_in_step=1, processes=1))  # micro-batch 11 of the epoch
+    assert not torch.equal(mixed(0, 80), mixed(0, 96)) and not torch.equal(mixed(0, 80), mixed(0, 80, 1))
+    assert not torch.equal(mixed(0, 80), mixed(0, 80, epoch=1))
+    assert torch.equal(mixed(0, 80), mixed(0, 80)) and torch.equal(mixed(1, 112), mixed(1, 112))

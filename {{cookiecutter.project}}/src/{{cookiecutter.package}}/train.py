@@ -143,7 +143,7 @@ def train_one_epoch(run: Run, epoch: int) -> bool:
     bar = tqdm(run.forensics.watch(run.clock.timed(run.loaders.train)), total=batches_left, desc=f"epoch {epoch}",
                mininterval=2, dynamic_ncols=True, disable=not run.world.is_main)
     for images, labels in bar:
-        run.optimization.seeds.before(run.progress.step, accumulation.pending)
+        run.optimization.seeds.before(run.progress.epoch, run.progress.images_in_epoch, accumulation.pending)
         inputs, targets = run.optimization.mix(images, labels)
         with accumulation.syncing(model):  # DDP all-reduces on the last batch of a step only
             with run.precision.autocast():

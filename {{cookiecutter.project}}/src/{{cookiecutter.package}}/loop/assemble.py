@@ -68,7 +68,7 @@ def make_optimization(cfg: DictConfig, model: torch.nn.Module, *, outputs: int, 
     optimizer = build(cfg.optim, model=model)
     # The run's length shapes the schedule; train.max_steps, where this command stops, does not.
     learning_rate = LearningRate(optimizer, build(cfg.schedule, epochs=cfg.train.epochs), images)
-    return Optimization(seeds=BatchSeeds(cfg.seed, world.rank),
+    return Optimization(seeds=BatchSeeds(cfg.seed, world.rank, world.size, cfg.train.batch_size),
                         mix=BatchMix(cfg.train.mixup_alpha, cfg.train.cutmix_alpha, outputs),
                         criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
                         accumulation=GradientAccumulation(cfg.train.accumulate), optimizer=optimizer,
