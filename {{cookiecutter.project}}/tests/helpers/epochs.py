@@ -80,15 +80,16 @@ def read_epoch(size: int, layout: Layout, order, workers: list[int], seed: int =
 
 
 def assert_every_image_once(reads: Reads, size: int, before: Counter | None = None):
-    """Trained once, left out once (the documented drop: partial batches, the uneven tail) or trained before."""
+    """Trained once, left out once (the documented drop: the tail after the last micro-batch every process gets one
+    of) or trained before."""
     left_out = Counter(int(index) for trace in reads.traces for index in trace.plan.left_out())
     seen = reads.trained + left_out + (before or Counter())
     assert set(seen) == set(range(size)) and set(seen.values()) <= {1}, (
         f"missed {size - len(seen)}, doubled {sum(1 for times in seen.values() if times > 1)}")
-    for trace in reads.traces:  # what a process leaves out is what the sampler leaves: its partial batch, the tail
+    for trace in reads.traces:  # rank 0 leaves out the tail, fewer images than a micro-batch for each process
         plan = trace.plan
-        tail = (size - plan.skip) % plan.processes if plan.rank == 0 else 0
-        assert len(plan.left_out()) == plan.images % plan.batch_size + tail
+        tail = (size - plan.skip) % (plan.batch_size * plan.processes) if plan.rank == 0 else 0
+        assert len(plan.left_out()) == tail
 
 
 def records(reads: Reads, images_in_epoch: int) -> list:
