@@ -16,6 +16,12 @@ from ..core.distributed import World
 from .order import FULL_SHUFFLE
 
 
+def dealt(batch, processes: int, rank: int):
+    """Which micro-batch of the epoch's order, counted from where the processes took it up, is a process's
+    `batch`-th: the processes take them in turn. Numbers or arrays."""
+    return batch * processes + rank
+
+
 @dataclass(frozen=True)
 class EpochPlan:
     """One process's share of one epoch: its batches in training order (`drawn` is the whole epoch's order, cut into
@@ -42,7 +48,7 @@ class EpochPlan:
         micro-batch b × processes + rank after the first `skip` images, so a step of the same global batch trains
         the same micro-batches on any number of processes."""
         image = np.arange(start, stop)
-        micro_batch = image // self.batch_size * self.processes + self.rank
+        micro_batch = dealt(image // self.batch_size, self.processes, self.rank)
         return self.skip + micro_batch * self.batch_size + image % self.batch_size
 
     def indices(self, batch: int) -> np.ndarray:
