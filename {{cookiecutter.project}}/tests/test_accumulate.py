@@ -7,12 +7,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.core.errors import ConfigError
-from {{ cookiecutter.package }}.loop.accumulate import GradientAccumulation, batches_per_step
+from {{ cookiecutter.package }}.loop.accumulate import GradientAccumulation
+
+from helpers.epochs import per_step
 
 SINGLE = World(0, 0, 1, torch.device("cpu"))
 
@@ -95,11 +96,6 @@ def test_under_ddp_a_short_group_is_averaged_over_the_processes_too(tmp_path):
     expected = one_batch_gradient(model, *both)
     torch.testing.assert_close(results[0], expected)
     torch.testing.assert_close(results[1], expected)
-
-
-def per_step(global_batch, batch_size: int, processes: int, accumulate: int = 1) -> int:
-    return batches_per_step(OmegaConf.create({"global_batch": global_batch, "batch_size": batch_size,
-                                              "accumulate": accumulate}), processes)
 
 
 @pytest.mark.parametrize("processes", [1, 2, 4, 8])

@@ -11,7 +11,7 @@ from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.data.order import FULL_SHUFFLE
 from {{ cookiecutter.package }}.data.sampling import EpochBatches, EpochSampler, agreed_layout
 
-from helpers.epochs import BLOCKS, Job, Sized, agreed
+from helpers.epochs import BLOCKS, Job, Sized, agreed, per_step
 
 def test_the_processes_agree_on_their_worker_counts_and_refuse_another_data_set_in_one_line():
     assert agreed(100, [2, 0, 5], 4) == Layout(3, (2, 1, 5), 4)
@@ -63,19 +63,15 @@ def test_resumed_on_its_own_layout_each_block_is_still_read_by_one_worker():
     assert all(len(who) == 1 for who in readers.values()), readers
 
 
-
-
 def steps_of(size: int, processes: int, global_batch: int, batch: int, skip: int = 0, steps: int | None = None,
              epoch: int = 3) -> list[set]:
     """Each optimizer step of the epoch's order, from `skip` images in: the micro-batches its processes train, each
     the tuple of its images in order, as the loop groups each process's batches (global_batch / (batch ×
     processes) a step)."""
-    accumulate = global_batch // (batch * processes)
-    shares = []
+    accumulate = per_step(global_batch, batch, processes)
+    layout, shares = Layout(processes, (1,) * processes, batch), []
     for rank in range(processes):
-        sampler = EpochSampler(Sized(size), rank, 0, FULL_SHUFFLE, Layout(processes, (1,) * processes, batch))
-        sampler.set_epoch(epoch, skip)
-        plan = sampler.plan(epoch, skip, sampler.epoch_layout)
+        plan = EpochSampler(Sized(size), rank, 0, FULL_SHUFFLE, layout).plan(epoch, skip, layout)
         shares.append([tuple(plan.indices(number).tolist()) for number in range(plan.batches)])
     taken = [{share[number] for share in shares for number in range(step * accumulate, (step + 1) * accumulate)}
              for step in range(len(shares[0]) // accumulate)]

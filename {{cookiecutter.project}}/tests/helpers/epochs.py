@@ -4,15 +4,23 @@ to its worker k % workers)."""
 from collections import Counter
 from dataclasses import dataclass
 
+from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 
 from {{ cookiecutter.package }}.contracts import Layout
 from {{ cookiecutter.package }}.data.coverage import Coverage, EpochTrace
 from {{ cookiecutter.package }}.data.order import BlockOrder
 from {{ cookiecutter.package }}.data.sampling import EpochBatches, EpochSampler, agreed_layout
+from {{ cookiecutter.package }}.loop.accumulate import batches_per_step
 
 BLOCKS = BlockOrder(block=4, window=2)
 WIDE = BlockOrder(block=8, window=4)
+
+
+def per_step(global_batch, batch_size: int, processes: int, accumulate: int = 1) -> int:
+    """The batches each process sums into a step, as train.py derives them from these train.* settings."""
+    return batches_per_step(OmegaConf.create({"global_batch": global_batch, "batch_size": batch_size,
+                                              "accumulate": accumulate}), processes)
 
 
 class Sized(Dataset):
