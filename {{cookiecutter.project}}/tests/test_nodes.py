@@ -18,7 +18,7 @@ import pytest
 
 from helpers.packs import packed_tree
 from helpers.paths import PACKAGE, PROJECT
-from helpers.processes import CPU_ONLY, finish, stop_one_rank, wait_for
+from helpers.processes import CPU_ONLY, finish, stop_one_rank, torchrun, wait_for
 from helpers.runs import SMALL_MODEL, TINY_SYNTHETIC, logged_windows, summary, tiny
 
 pytestmark = pytest.mark.full
@@ -33,8 +33,8 @@ def readme_line(nodes: int, processes: int) -> list[str]:
     words = shlex.split(line)
     words = [f"--nnodes={nodes}" if word.startswith("--nnodes=") else
              f"--nproc-per-node={processes}" if word.startswith("--nproc-per-node=") else word for word in words]
-    torchrun = words.index("torchrun")
-    return ["env", *words[:torchrun], sys.executable, "-m", "torch.distributed.run", *words[torchrun + 1:],
+    launcher = words.index("torchrun")
+    return ["env", *words[:launcher], sys.executable, "-m", "torch.distributed.run", *words[launcher + 1:],
             "-m", f"{PACKAGE}.train"]
 
 
@@ -208,9 +208,8 @@ ON_A_NODE = [pytest.param(4, id="four processes"), pytest.param(8, id="eight pro
 def start_on_a_node(processes: int, run_dir: Path, cache_dir: Path, tiny_root: Path,
                     *overrides: str) -> subprocess.Popen:
     """`processes` processes of debug=tiny on the synthetic set (3 classes), on this machine, in the background."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
-               "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}", *tiny(("logger=jsonl", *overrides), cache_dir,
-                                                                             tiny_root)]
+    command = [*torchrun(processes), "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}",
+               *tiny(("logger=jsonl", *overrides), cache_dir, tiny_root)]
     return subprocess.Popen(command, cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **CPU_ONLY})
 
@@ -243,9 +242,8 @@ def test_processes_stop_together_and_resume_on_half_as_many_with_every_image_onc
     images: 15 steps an epoch for each of eight processes, so that the stop lands part-way through the first."""
     run_dir, sizes = tmp_path / "run", ("data.train_per_class=160", "train.epochs=2")
     stopped = stop_one_rank(start_on_a_node(processes, run_dir, cache_dir, tiny_root, *sizes), run_dir, "3")
-    resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              f"--nproc-per-node={processes // 2}", "-m", f"{PACKAGE}.train",
-                              f"hydra.run.dir={run_dir}", "resume=auto",
+    resumed = subprocess.run([*torchrun(processes // 2), "-m", f"{PACKAGE}.train", f"hydra.run.dir={run_dir}",
+                              "resume=auto",
                               *tiny(("logger=jsonl", *sizes), cache_dir, tiny_root)],
                              cwd=PROJECT, capture_output=True, text=True, timeout=900, env={**os.environ, **CPU_ONLY})
     assert resumed.returncode == 0, resumed.stderr[-4000:]

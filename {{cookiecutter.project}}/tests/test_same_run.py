@@ -1,12 +1,11 @@
 """The same run on any number of processes: with train.global_batch fixed, each step trains the same micro-batches
 (data/sampling.py), draws the same mixes for them (loop/draws.py) and sums their gradients, so a step's weights
 differ only by the order of floating-point sums."""
-import sys
-
 import pytest
 import torch
 
 from helpers.machines import TWO_PROCESSES
+from helpers.processes import torchrun
 
 # ResNet-18 with BatchNorm, fp32 on the CPU: one step of 16 images in micro-batches of 4, mixup and CutMix on. One
 # process sums 4 micro-batches; two sum 2 each and all-reduce; four take one each.
@@ -14,10 +13,6 @@ ONE_STEP = ("model.name=resnet18", "train.batch_size=4", "train.global_batch=16"
             "train.mixup_alpha=0.2", "train.cutmix_alpha=1.0", "train.limit_val_batches=1")
 TOLERANCE = 1e-5  # relative, each parameter tensor's norm
 SAME_KERNELS = {"OMP_NUM_THREADS": "1"}  # as torchrun gives each process: each micro-batch's forward to the bit
-
-
-def torchrun(processes: int) -> tuple[str, ...]:
-    return (sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}")
 
 
 def trained_parameters(run_dir) -> dict[str, torch.Tensor]:

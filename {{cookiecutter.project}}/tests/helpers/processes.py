@@ -13,6 +13,11 @@ QUIET = {"PYTHONWARNINGS": "ignore"}
 CPU_ONLY = {**QUIET, "CUDA_VISIBLE_DEVICES": ""}  # for the tests that are about a machine without a GPU
 
 
+def torchrun(processes: int) -> tuple[str, ...]:
+    """The launcher for `processes` processes on this machine: this interpreter's torchrun, standalone."""
+    return (sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}")
+
+
 def cli_command(run_dir: Path, overrides: tuple[str, ...], cache_dir: Path, tiny_root: Path,
                 launcher: tuple[str, ...] = (sys.executable,)) -> list[str]:
     """`python -m PACKAGE.train` (or `launcher` ... -m PACKAGE.train) on tiny data, writing into `run_dir`."""
