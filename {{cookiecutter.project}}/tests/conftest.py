@@ -30,7 +30,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 from {{ cookiecutter.package }} import options  # noqa: E402 - after the cache folder is set
-from {{ cookiecutter.package }}.core.failures import end_workers  # noqa: E402
+from {{ cookiecutter.package }}.core.failures import STOP_SIGNALS, end_workers  # noqa: E402
 from {{ cookiecutter.package }}.diagnosis.summary import Summary  # noqa: E402
 
 from helpers.images import encoded, photo  # noqa: E402 - helpers import the package too
@@ -133,7 +133,7 @@ def train_in_process(cache_dir, tiny_root, packs, tmp_path, monkeypatch):
     from {{ cookiecutter.package }}.train import train
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # torch has not looked yet: a CPU run whatever the machine
-    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {number: signal.getsignal(number) for number in STOP_SIGNALS}
     run_dir = tmp_path / "run"
 
     def run(*overrides: str, run_dir: Path = run_dir) -> Summary | None:

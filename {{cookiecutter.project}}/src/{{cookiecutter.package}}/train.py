@@ -228,13 +228,15 @@ def train(cfg: DictConfig, run_dir: Path, world: World, forensics: Forensics) ->
         log.info("stopped by %s at step %d (epoch %d, %d images into it); checkpoint saved: continue with %s", stop,
                  run.progress.step, run.progress.epoch, run.progress.images_in_epoch,
                  run_record.resume_command(run_dir))
-        return None
     except BaseException as err:
         keep_progress(run, err)
         raise
     finally:  # every way out: the sampler thread and the TensorBoard writer end here, the tracker's run marked so
         run.clock.close()
         run.logger.close(outcome)
+    if outcome == "stopped":
+        run.stop.hand_on()  # the launcher's own handler for the signal, where it had one: submitit's requeues the job
+        return None
     summary = summarize(run, cfg, top1, top5, HydraConfig.get())
     if world.is_main:
         summary.write(run_dir / "summary.json")

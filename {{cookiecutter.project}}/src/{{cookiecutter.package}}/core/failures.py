@@ -24,6 +24,9 @@ from .errors import ClearError
 
 log = logging.getLogger(__name__)
 
+# The signals that ask a run to stop at its logging window (loop/preempt.py): loader workers ignore them, since the
+# training process alone decides how to stop, and a scheduler's signal reaches every process of the job.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 WORKER_DIED = re.compile(r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\) (?:is killed by signal: ([^.]+)|exited "
                          r"unexpectedly)")
 CAUGHT_IN_WORKER = re.compile(r"^Caught \w+ in DataLoader worker process (\d+)\.")
@@ -139,6 +142,8 @@ def one_line(body: Callable[[], Result], finish: Callable[[], None] = lambda: No
     threading.excepthook, hook = thread_failed, threading.excepthook
     try:
         return body()
+    except SystemExit:  # an exit chosen on purpose, such as a launcher's once a stopped run's checkpoint is saved
+        raise
     except BaseException as err:  # noqa: BLE001 - what the user can act on becomes one line; a bug re-raises
         record(err)
         line = explain(err)
@@ -199,8 +204,8 @@ def worker_deaths_surface_in_next() -> None:
 def end_workers() -> None:
     """SIGKILL this process's workers still alive: loader workers, or a pack's converters.
 
-    Loader workers ignore SIGTERM and SIGINT so that the training process alone decides how to stop; at
-    exit, multiprocessing would send them SIGTERM and wait for them forever.
+    Loader workers ignore STOP_SIGNALS so that the training process alone decides how to stop; at exit,
+    multiprocessing would send them SIGTERM and wait for them forever.
     """
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the DataLoader's handler would raise at each death we cause
     kill_children()

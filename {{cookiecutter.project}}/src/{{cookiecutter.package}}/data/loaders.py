@@ -19,6 +19,7 @@ from .. import options
 from ..contracts import Decoder, Layout, Order, Prefetcher, ResumableLoader, Stores
 from ..core.config import RANGES, build
 from ..core.distributed import World
+from ..core.failures import STOP_SIGNALS
 from ..core.faults import Faults, FaultyReads
 from .batch_memory import lend_batches
 from .coverage import EpochTrace
@@ -67,9 +68,9 @@ class Loaders:
 def start_worker(worker_id: int, lent_batches: int = 0) -> None:
     """Seed Python's and NumPy's generators from the per-worker, per-epoch seed torch gives each worker; keep
     `lent_batches` batch buffers for the worker to use again (batch_memory.py), where that is more than none."""
-    # Ctrl-C and Slurm's SIGTERM reach the workers too; the training process alone decides how to stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Ctrl-C and a scheduler's signals reach the workers too; the training process alone decides how to stop.
+    for number in STOP_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)
