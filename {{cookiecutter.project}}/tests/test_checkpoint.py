@@ -87,6 +87,15 @@ def test_a_torchrun_job_carries_on_from_the_checkpoint_in_the_folder_its_rendezv
     assert checkpoint.find(None, tmp_path) == tmp_path / "last.pt"
 
 
+def test_a_job_that_slurm_requeued_carries_on_from_the_checkpoint_in_its_folder(tmp_path, monkeypatch):
+    """hydra/launcher=slurm runs a requeued job again in the same folder; its first start begins afresh."""
+    checkpoint.save({}, tmp_path / "last.pt")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert checkpoint.find(None, tmp_path) is None
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert checkpoint.find(None, tmp_path) == tmp_path / "last.pt"
+
+
 def test_damaged_checkpoint_is_refused(tmp_path):
     path = tmp_path / "last.pt"
     checkpoint.save({"weight": torch.zeros(1000)}, path)

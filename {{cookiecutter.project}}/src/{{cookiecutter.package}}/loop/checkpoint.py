@@ -104,12 +104,14 @@ def step_of(state: dict) -> int:
 
 
 def find(resume: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from: None, 'auto' (last.pt in the run folder, if any) or a path. A torchrun job
-    resumes by itself."""
+    """The checkpoint to resume from: None, 'auto' (last.pt in the run folder, if any) or a path. A torchrun job,
+    and a Slurm job that Slurm requeued, resume by themselves."""
     if resume is None and (int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
+                           or int(os.environ.get("SLURM_RESTART_COUNT", 0)) > 0
                            or run_dir.name == f"torchrun-{os.environ.get('TORCHELASTIC_RUN_ID')}"):
-        # torchrun restarted the workers, or this node joined its job again (a node that replaces a failed one
-        # counts restarts from 0): carry on from the checkpoint in the folder the job's rendezvous id names.
+        # torchrun restarted the workers, Slurm requeued the job (hydra/launcher=slurm runs it again in the same
+        # folder), or this node joined its job again (a node that replaces a failed one counts restarts from 0):
+        # carry on from the checkpoint in the run's folder.
         resume = "auto"
     if resume is None:
         return None
