@@ -40,6 +40,15 @@ def test_every_rank_resolves_the_same_run_folder(monkeypatch):
     assert rank_suffix() == ""
 
 
+def test_a_task_of_the_slurm_launcher_names_its_log_by_its_task_number_until_rank_is_set(monkeypatch):
+    """Hydra names the log file before `setup` sets RANK from submitit's environment."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    assert rank_suffix() == "-rank1"
+    monkeypatch.setenv("RANK", "0")
+    assert rank_suffix() == ""
+
+
 def test_sync_bn_on_cpu_processes_is_refused_before_the_model_is_wrapped():
     """SyncBatchNorm gathers its statistics over NCCL: DDP on CPU processes refuses it with a traceback."""
     with pytest.raises(ConfigError, match="distributed.sync_bn=true .* run on the cpu: pass distributed.sync_bn=false"):

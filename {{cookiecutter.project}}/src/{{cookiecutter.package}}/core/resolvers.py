@@ -33,8 +33,9 @@ def run_name() -> str:
 
 
 def rank_suffix() -> str:
-    """'' on rank 0, '-rank<N>' elsewhere: each rank's log file name."""
-    rank = int(os.environ.get("RANK", 0))
+    """'' on rank 0, '-rank<N>' elsewhere: each rank's log file name. Hydra names the file before a task of
+    hydra/launcher=slurm has set RANK (core/distributed.py: setup), so there Slurm's task number stands in for it."""
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
     return f"-rank{rank}" if rank else ""
 
 
