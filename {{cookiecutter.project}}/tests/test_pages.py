@@ -271,10 +271,11 @@ def run_folders(monkeypatch) -> dict[str, list[str]]:
 
 
 def as_pattern(folder: str) -> str:
-    """A run folder's regular expression: the clock's parts as words or as digits, an <id> as any word in <>."""
+    """A run folder's regular expression: the clock's parts as words or as digits, an <id> as any word in <>, after
+    a prefix the launcher gives it (scripts/slurm.sh's slurm-<job id>)."""
     pattern = re.escape(folder).replace(re.escape("<date>"), r"(?:<date>|\d{4}-\d\d-\d\d)")
     pattern = pattern.replace(re.escape("<time>"), r"(?:<time>|\d\d-\d\d-\d\d)")
-    return pattern.replace(re.escape("<id>"), r"<[^>]+>")
+    return pattern.replace(re.escape("<id>"), r"[\w-]*<[^>]+>")
 
 
 @functools.cache
