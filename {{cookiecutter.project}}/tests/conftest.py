@@ -35,6 +35,7 @@ from {{ cookiecutter.package }}.diagnosis.summary import Summary  # noqa: E402
 
 from helpers.images import encoded, photo  # noqa: E402 - helpers import the package too
 from helpers.machines import CUDA  # noqa: E402
+from helpers.nodes import Nodes  # noqa: E402
 from helpers.packs import TENSOR_SHORT_SIDE  # noqa: E402
 from helpers.paths import CONF, PROJECT  # noqa: E402
 from helpers.processes import QUIET, cli_command  # noqa: E402
@@ -255,3 +256,13 @@ def s3_server(monkeypatch):
     boto3.client("s3", endpoint_url=url).create_bucket(Bucket="images")
     yield url
     server.stop()
+
+
+@pytest.fixture
+def nodes():
+    """Two nodes on this machine (helpers/nodes.py)."""
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
+        pytest.skip("two nodes need root, ip (iproute2) and unshare (util-linux) to make network namespaces")
+    made = Nodes()
+    yield made
+    made.close()

@@ -6,8 +6,6 @@ import json
 import os
 import re
 import shlex
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers.nodes import kill_node
 from helpers.packs import packed_tree
 from helpers.paths import PACKAGE, PROJECT
 from helpers.processes import CPU_ONLY, finish, stop_one_rank, torchrun, wait_for
@@ -36,77 +35,6 @@ def readme_line(nodes: int, processes: int) -> list[str]:
     launcher = words.index("torchrun")
     return ["env", *words[:launcher], sys.executable, "-m", "torch.distributed.run", *words[launcher + 1:],
             "-m", f"{PACKAGE}.train"]
-
-
-class Nodes:
-    """Two network namespaces joined by a veth pair: node0 (10.23x.y.1) and node1 (.2). A command run on a node runs
-    in its namespace and in a UTS namespace of its own, whose host name is the node's, and resolves both names
-    through /etc/netns/<namespace>/hosts, which `ip netns exec` mounts over /etc/hosts."""
-
-    def __init__(self):
-        self.tag = f"ft{os.getpid() % 100000}"
-        subnet = f"10.{230 + os.getpid() % 20}.{os.getpid() % 250}"
-        self.namespaces = [f"{self.tag}n{index}" for index in range(2)]
-        self.addresses = [f"{subnet}.{index + 1}" for index in range(2)]
-        links = [f"{self.tag}v{index}" for index in range(2)]
-        commands = [["ip", "link", "add", links[0], "type", "veth", "peer", "name", links[1]]]
-        for namespace, link, address in zip(self.namespaces, links, self.addresses):
-            commands = [["ip", "netns", "add", namespace], *commands]
-            commands += [["ip", "link", "set", link, "netns", namespace],
-                         ["ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", link],
-                         ["ip", "-n", namespace, "link", "set", link, "up"],
-                         ["ip", "-n", namespace, "link", "set", "lo", "up"]]
-        for command in commands:
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode:
-                self.close()
-                pytest.skip(f"two nodes need network namespaces, which this machine refused: {' '.join(command)}: "
-                            f"{done.stderr.strip()}")
-        hosts = "".join(f"{address} node{index}\n" for index, address in enumerate(self.addresses))
-        for namespace in self.namespaces:
-            Path("/etc/netns", namespace).mkdir(parents=True, exist_ok=True)
-            Path("/etc/netns", namespace, "hosts").write_text(hosts)
-
-    def start(self, node: int, command: list[str], cwd: Path, log: Path, env: dict[str, str],
-              own_folder: Path | None = None) -> subprocess.Popen:
-        """`command` on node `node`, in the background; its output in `log`. The process is the command itself
-        (every wrapper execs), so that killing it and its children kills the node. `own_folder`: a folder this node
-        sees as a disk of its own (a tmpfs in its own mount namespace), where the other node sees the shared one."""
-        inner = f"hostname node{node} && exec {shlex.join(command)}"
-        unshare = ["unshare", "--uts"]
-        if own_folder is not None:
-            inner = f"mount -t tmpfs {self.tag} {shlex.quote(str(own_folder))} && {inner}"
-            unshare += ["--mount", "--propagation", "private"]
-        return subprocess.Popen(["ip", "netns", "exec", self.namespaces[node], *unshare, "sh", "-c", inner],
-                                cwd=cwd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT)
-
-    def close(self) -> None:
-        for namespace in self.namespaces:
-            pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
-            shutil.rmtree(Path("/etc/netns", namespace), ignore_errors=True)
-
-
-@pytest.fixture
-def nodes():
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("unshare"):
-        pytest.skip("two nodes need root, ip (iproute2) and unshare (util-linux) to make network namespaces")
-    made = Nodes()
-    yield made
-    made.close()
-
-
-def kill_node(agent: subprocess.Popen) -> None:
-    """A node that dies: its torchrun agent and every process under it, at once."""
-    tree = [*psutil.Process(agent.pid).children(recursive=True), psutil.Process(agent.pid)]
-    for process in tree:
-        process.kill()
-    psutil.wait_procs(tree, timeout=30)
 
 
 def ranks_on(agent: subprocess.Popen) -> set[str]:
