@@ -1,12 +1,13 @@
-"""Jobs rendered for Kubernetes (a Kubeflow Trainer v2 TrainJob): checked with Kubeflow's own models, then run on
-two nodes (tests/helpers/nodes.py) as its scheduler runs it, under the variables the scheduler sets, the job's id
-naming the run."""
+"""Jobs rendered for Kubernetes (a Kubeflow Trainer v2 TrainJob) and SkyPilot (a task): each checked with that
+project's own models or loader, then run on two nodes (tests/helpers/nodes.py) as its scheduler runs it, under the
+variables the scheduler sets, the job's id naming the run."""
 import contextlib
 import io
 import os
 import re
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -77,7 +78,7 @@ def node_process(pod: dict, node: int) -> tuple[list[str], dict[str, str]]:
 def test_each_render_command_of_the_pages_writes_a_job():
     """docs/distributed.md's lines, as written, up to the pipe or the file they write to."""
     documented = commands((PROJECT / "docs/distributed.md").read_text(), f"{PACKAGE}.render")
-    assert {command.split()[3] for _, command in documented} == {"kubernetes"}
+    assert {command.split()[3] for _, command in documented} == {"kubernetes", "skypilot"}
     for _, command in documented:
         words = shlex.split(re.split(r" [|>] ", command)[0])
         assert rendered(*words[words.index(f"{PACKAGE}.render") + 1:]), command
@@ -95,6 +96,17 @@ def test_a_trainjob_is_one_kubeflows_api_models_read_whole_and_its_pod_one_kuber
     kubernetes_validate.validate(trainer_pod(job, "uid"), "1.33", strict=True)
     assert {volume["persistentVolumeClaim"]["claimName"] for volume in trainer_pod(job, "uid")["spec"]["volumes"]} == {
         "runs", "imagenet"}
+
+
+def test_a_skypilot_task_is_one_skypilots_own_loader_reads():
+    sky = pytest.importorskip("sky", reason="pip install -e '.[skypilot]'")
+    (task,) = rendered("skypilot", "--nodes", "2", "--accelerators", "H100:8", "--runs", "s3://bucket/runs", "--data",
+                       "s3://bucket/imagenet", "--", "data=folder", "data.root=/data/imagenet")
+    loaded = sky.Task.from_yaml_str(yaml.safe_dump(task))
+    assert loaded.num_nodes == 2 and loaded.run == task["run"]
+    assert [resources.accelerators for resources in loaded.resources] == [{"H100": 8}]
+    assert {path: storage.source for path, storage in loaded.storage_mounts.items()} == {
+        "/runs": "s3://bucket/runs", "/data": "s3://bucket/imagenet"}
 
 
 @pytest.mark.full
@@ -128,3 +140,23 @@ def test_a_trainjob_trains_on_two_nodes_and_its_restarted_jobset_resumes_its_run
     assert result.processes == 2 and {times["host"] for times in result.ranks} == {"node0", "node1"}
     assert all(entry["checked"] and entry["trained"] + entry["trained_before_resume"] + entry["left_out"] == IMAGES
                for entry in result.coverage), result.coverage
+
+
+@pytest.mark.full
+def test_a_skypilot_tasks_run_section_trains_on_two_nodes_under_skypilots_variables(nodes, tmp_path, cache_dir,
+                                                                                     tiny_root):
+    (task,) = rendered("skypilot", "--nodes", "2", "--runs", "s3://unused", "--runs-path", str(tmp_path / "runs"), "--",
+                       *tiny(("train.epochs=1",), cache_dir, tiny_root))
+    task_id = "sky-managed-2026-12-02-10-00-00-000000_train_1-0"
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])  # its torchrun, on the node's PATH
+    logs = [tmp_path / f"node{node}.txt" for node in range(2)]
+    agents = [nodes.start(node, ["bash", "-c", task["run"]], tmp_path, logs[node],
+                          {**os.environ, **CPU_ONLY, "PATH": path, "SKYPILOT_NODE_RANK": str(node),
+                           "SKYPILOT_NODE_IPS": "\n".join(nodes.addresses), "SKYPILOT_NUM_NODES": "2",
+                           "SKYPILOT_NUM_GPUS_PER_NODE": "0", "SKYPILOT_TASK_ID": task_id})
+              for node in range(2)]
+    for agent, log in zip(agents, logs):
+        finish(agent, timeout=600)
+        assert agent.returncode == 0, log.read_text()[-4000:]
+    result = summary(Path(tmp_path / "runs" / f"torchrun-{task_id}"))
+    assert result.processes == 2 and {times["host"] for times in result.ranks} == {"node0", "node1"}

@@ -2,6 +2,9 @@
 
     python -m {{ cookiecutter.package }}.render kubernetes --nodes 2 --gpus-per-node 8 --image registry/train:1 \\
         --runs-claim runs --data-claim imagenet -- data=folder data.root=/data/imagenet | kubectl apply -f -
+    python -m {{ cookiecutter.package }}.render skypilot --nodes 2 --accelerators H100:8 --runs s3://bucket/runs \\
+        --data s3://bucket/imagenet -- data=folder data.root=/data/imagenet > train.yaml
+    sky jobs launch train.yaml
 
 Training's overrides follow `--`. docs/distributed.md says what each scheduler does when it stops a job.
 """
@@ -13,6 +16,14 @@ import yaml
 from .tools.render import PACKAGE, schedulers
 
 
+class Dumper(yaml.SafeDumper):
+    """YAML as a person writes it: a script of several lines (SkyPilot's `run:`) as a block, line by line."""
+
+
+Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text,
+                                                                         style="|" if "\n" in text else None))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     ours, overrides = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
@@ -22,7 +33,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, module in modules.items():
         module.add_arguments(choices.add_parser(name, help=module.HELP, description=module.__doc__))
     args = parser.parse_args(ours)
-    yaml.safe_dump_all(modules[args.scheduler].render(args, overrides), sys.stdout, sort_keys=False, width=1000)
+    yaml.dump_all(modules[args.scheduler].render(args, overrides), sys.stdout, Dumper=Dumper, sort_keys=False,
+                  width=1000)
 
 
 if __name__ == "__main__":
