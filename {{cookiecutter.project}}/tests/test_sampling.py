@@ -17,12 +17,17 @@ def test_the_processes_agree_on_their_worker_counts_and_refuse_another_data_set_
     assert agreed(100, [2, 0, 5], 4) == Layout(3, (2, 1, 5), 4)
     rows = [[2, 1000, 0], [2, 1000, 0], [2, 998, 0]]  # rank 2's copy of the data set lacks two images
     with pytest.raises(ConfigError, match=r"^the processes disagree on the number of training images: rank 0 \(host "
-                                          r"node0\) has 1000 and rank 2 \(host node0\) 998; every process must read"):
-        agreed_layout(Job(rows), 2, 4, {"the number of training images": 1000, "the seed": 0})
+                                          r"node0\) has 1000 and rank 2 \(host node0\) 998; every node must see the "
+                                          r"whole data set at data.root=/data/imagenet: copy all of it to each node's "
+                                          r"disk, or put it on a volume every node mounts$"):
+        agreed_layout(Job(rows), 2, 4, data={"the number of training images": 1000},
+                      read_from="data.root=/data/imagenet", settings={"the seed": 0})
     rows = [[2, zlib.crc32(b"order=blocks {'block': 64}")], [2, zlib.crc32(b"order=blocks {'block': 32}")]]
     with pytest.raises(ConfigError, match=r"^the processes disagree on the order's settings: rank 0 \(host node0\) and "
-                                          r"rank 1 \(host node0\) differ, rank 0 has order=blocks \{'block': 64\}; "):
-        agreed_layout(Job(rows), 2, 4, {"the order's settings": "order=blocks {'block': 64}"})
+                                          r"rank 1 \(host node0\) differ, rank 0 has order=blocks \{'block': 64\}; "
+                                          r"every process must be given the same command line$"):
+        agreed_layout(Job(rows), 2, 4, data={}, read_from="data.root=/data/imagenet",
+                      settings={"the order's settings": "order=blocks {'block': 64}"})
 
 
 class WhoReads(Dataset):

@@ -49,7 +49,8 @@ class Job:
 def agreed(size: int, workers: list[int], batch: int, order=BLOCKS, seed: int = 0) -> Layout:
     """The layout the processes of a job with these worker counts agree on, as make_loaders asks for it."""
     rows = [[count, size, seed, batch] for count in workers]
-    return agreed_layout(Job(rows), workers[0], batch, {"images": size, "seed": seed, "batch": batch})
+    return agreed_layout(Job(rows), workers[0], batch, data={"images": size}, read_from="data.root=/data",
+                         settings={"seed": seed, "batch": batch})
 
 
 @dataclass

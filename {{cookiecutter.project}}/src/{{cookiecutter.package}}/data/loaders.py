@@ -179,6 +179,14 @@ def training_loader(stores: Stores, images: Images, batch_size: int, seed: int, 
                                **{**settings, "pin_memory": settings["pin_memory"] and world.device.type == "cuda"})
 
 
+def data_setting(data: DictConfig, format: DictConfig) -> str:
+    """The setting that says where this process reads its images: a pack's format.path, else data.root, or the
+    built-in set's data.cache_dir (every data option has one of them, checked before the stores opened)."""
+    return next(f"{group}.{key}={node[key]}" for group, node, key in
+                (("format", format, "path"), ("data", data, "root"), ("data", data, "cache_dir"))
+                if node.get(key) is not None)
+
+
 def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, order: DictConfig, decoder: DictConfig,
                  prefetcher: DictConfig, loader: DictConfig, *, batch_size: int, seed: int, world: World,
                  memory_format: torch.memory_format, faults: Faults = Faults(),
@@ -216,10 +224,11 @@ def make_loaders(data: DictConfig, format: DictConfig, staging: DictConfig, orde
         settings["num_workers"], splits.train, batch_size, work, swept, decodes_beside=decoding.queued_batches > 0,
         device=world.device)
     counted = time.perf_counter()
-    layout = agreed_layout(world, settings["num_workers"], batch_size, {  # 5: the sampler's layout, every process's
-        "the number of training images": len(splits.train), "the number of validation images": len(splits.val),
-        "the seed": seed, "the batch size": batch_size,
-        "the order's settings": f"order={options.name_of('order', order)} {vars(visiting)}"})
+    layout = agreed_layout(  # 5: the sampler's layout, every process's
+        world, settings["num_workers"], batch_size, read_from=data_setting(data, format),
+        data={"the number of training images": len(splits.train), "the number of validation images": len(splits.val)},
+        settings={"the seed": seed, "the batch size": batch_size,
+                  "the order's settings": f"order={options.name_of('order', order)} {vars(visiting)}"})
     if faults.unagreed_workers >= 0:  # this process draws its order as if every process had its own worker count
         settings["num_workers"] = faults.unagreed_workers
         layout = Layout(world.size, faults.unagreed_workers, batch_size)

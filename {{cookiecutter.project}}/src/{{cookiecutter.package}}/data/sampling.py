@@ -172,11 +172,17 @@ class EpochBatches(Sampler[list]):
         return len(self.sampler) // self.sampler.layout.batch_size
 
 
-def agreed_layout(world: World, workers: int, batch_size: int, same_everywhere: dict[str, float | str]) -> Layout:
+def agreed_layout(world: World, workers: int, batch_size: int, *, data: dict[str, int], read_from: str,
+                  settings: dict[str, float | str]) -> Layout:
     """The layout every process draws each epoch's order for: the worker count each process picked for itself, in
     one collective at start, which also checks what must be the same in every process for one order to serve them
-    all (the data set's size, the seed, the order's settings; words are compared by a checksum). A difference is
-    refused in one line."""
+    all: the data set's size, as each reads it from `read_from` (data.root, or a pack's format.path), and `settings`
+    (the seed, the order's settings; words are compared by a checksum). A difference is refused in one line saying
+    what to do: give every node the whole data set, or every process the same command line."""
+    remedies = {**dict.fromkeys(data, f"every node must see the whole data set at {read_from}: copy all of it to "
+                                      "each node's disk, or put it on a volume every node mounts"),
+                **dict.fromkeys(settings, "every process must be given the same command line")}
+    same_everywhere = {**data, **settings}
     values = [value if isinstance(value, (int, float)) else zlib.crc32(value.encode()) for value in
               same_everywhere.values()]
     rows = world.gather([workers, *values])
@@ -188,7 +194,5 @@ def agreed_layout(world: World, workers: int, batch_size: int, same_everywhere: 
             ranks = f"rank 0 (host {hosts[0]})", f"rank {odd} (host {hosts[odd]})"
             differ = (f"{ranks[0]} has {given[0]:g} and {ranks[1]} {given[odd]:g}" if isinstance(mine, (int, float))
                       else f"{ranks[0]} and {ranks[1]} differ, rank {world.rank} has {mine}")
-            raise ConfigError(f"the processes disagree on {what}: {differ}; every process must read the same data set "
-                              "with the same settings, so that one order covers it: is one node's copy of the data "
-                              "incomplete, or its config another?")
+            raise ConfigError(f"the processes disagree on {what}: {differ}; {remedies[what]}")
     return Layout(world.size, tuple(int(row[0]) for row in rows), batch_size)
