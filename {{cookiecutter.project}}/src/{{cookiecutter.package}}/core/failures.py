@@ -207,7 +207,8 @@ def end_workers() -> None:
     Loader workers ignore STOP_SIGNALS so that the training process alone decides how to stop; at exit,
     multiprocessing would send them SIGTERM and wait for them forever.
     """
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the DataLoader's handler would raise at each death we cause
+    if threading.current_thread() is threading.main_thread():  # where signal handlers can be set at all
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the DataLoader's handler would raise at each death we cause
     kill_children()
 
 

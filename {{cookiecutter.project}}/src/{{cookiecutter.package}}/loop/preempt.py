@@ -9,6 +9,7 @@ A launcher may have had its own handler for the signal: submitit's, for its warn
 checkpoint is saved, `hand_on` gives the signal to it.
 """
 import signal
+import threading
 import time
 
 from ..core.failures import STOP_SIGNALS
@@ -22,7 +23,10 @@ class StopRequest:
     def __init__(self):
         self.signal: str | None = None
         self.since: float | None = None  # time.monotonic() when the signal came
-        self.replaced = {number: signal.signal(number, self.handle) for number in STOP_SIGNALS}
+        # Signals reach the main thread alone; a run in another thread (a Ray Train worker's) is stopped by its
+        # launcher, and resumes from its last checkpoint.
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        self.replaced = {number: signal.signal(number, self.handle) for number in STOP_SIGNALS} if in_main_thread else {}
 
     def handle(self, number: int, frame) -> None:
         if self.signal is not None and number == signal.SIGINT:
