@@ -144,7 +144,7 @@ def test_the_abstract_contracts_are_enforced_on_each_option_class(group):
 
 
 OPTIONAL = ("lmdb", "litdata", "datasets", "torchcodec", "moto", "matplotlib", "nvidia.dali", "submitit", "timm", "onnx",
-            "onnxscript", "onnxruntime", "kubeflow_trainer_api", "kubernetes_validate", "sky")  # the extras
+            "onnxscript", "onnxruntime", "kubeflow_trainer_api", "kubernetes_validate", "sky", "ray")  # the extras
 
 
 @pytest.mark.full
