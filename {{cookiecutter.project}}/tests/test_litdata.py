@@ -187,6 +187,8 @@ def test_a_run_cut_short_on_two_processes_finishes_its_plan_on_one(tmp_path, cac
     assert (state["progress"]["epoch"], state["progress"]["step"], state["progress"]["images_in_epoch"]) == (1, 9, 12)
     train_cli(run_dir, *plan, "resume=auto", "loader.num_workers=1")
     assert summary(run_dir).steps == 9 + 12 // 2 + 6 * 24 // 2  # the rest of epoch 1, then 6 more of 12 steps
+    assert ("format=litdata resumes on another layout (processes=1, loader workers=1; its stream was saved with "
+            "processes=2, loader workers=2): LitData restripes") in (run_dir / "train.log").read_text()
 
 
 @pytest.mark.full

@@ -86,3 +86,19 @@ def test_blocks_of_a_shuffled_pack_mix_classes_nearly_as_a_full_shuffle_does():
     default = BlockOrder(block=64, window=8)
     assert distinct_classes_per_batch(packed, default) > 0.95 * shuffled
     assert distinct_classes_per_batch(by_class, default) < 0.5 * shuffled  # why pack shuffles what it writes
+
+
+def test_a_resume_on_another_layout_says_in_one_line_what_the_blocks_order_changes(caplog):
+    """order=blocks draws its lanes for the processes and workers reading it; order=random draws one order for all."""
+    from {{ cookiecutter.package }}.data.sampling import EpochSampler
+
+    began, now = Layout(4, 2, 4), Layout(2, (1, 3), 4)
+    with caplog.at_level("INFO"):
+        EpochSampler(range(400), rank=0, seed=0, order=BLOCKS, layout=now).resume_layout(began)
+        EpochSampler(range(400), rank=0, seed=0, order=BLOCKS, layout=now).resume_layout(now)  # nothing changes
+        EpochSampler(range(400), rank=0, seed=0, order=RandomOrder(), layout=now).resume_layout(began)
+    assert caplog.messages == [
+        "order=blocks resumes on 2 processes with 1, 3 loader workers, and the epoch began on 4 processes with "
+        "2, 2, 2, 2 loader workers: the rest of this epoch keeps its order, but the later epochs are drawn for the "
+        "new layout, since each loader worker reads lanes of whole blocks, so they differ from those the first layout "
+        "would have trained"]

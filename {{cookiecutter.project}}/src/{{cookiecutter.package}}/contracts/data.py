@@ -163,6 +163,11 @@ class Order(ABC):
         """What the workers read from: `store`, or a view of it that reads this order's runs at once."""
         return store
 
+    def on_another_layout(self, began: Layout, now: Layout) -> str | None:
+        """What a run resumed on another layout than its epoch `began` with changes, in one line for the log; None
+        for an order drawn the same for any layout."""
+        return None
+
 
 class Decoder(ABC):
     """What the data pipeline asks of every decoder: a worker transform, a collate, and the uploads to the device."""

@@ -35,10 +35,20 @@ def lane_sizes(size: int, layout: Layout) -> np.ndarray:
                      for workers in layout.workers for worker in range(workers)], dtype=np.int64)
 
 
+def describe(layout: Layout) -> str:
+    processes = f"{layout.processes} process{'es' if layout.processes > 1 else ''}"
+    return f"{processes} with {', '.join(map(str, layout.workers))} loader workers"
+
+
 @dataclass
 class BlockOrder(Order):
     block: int  # consecutive records read in one request
     window: int  # blocks whose images are shuffled together
+
+    def on_another_layout(self, began: Layout, now: Layout) -> str | None:
+        return (f"order=blocks resumes on {describe(now)}, and the epoch began on {describe(began)}: the rest of this "
+                "epoch keeps its order, but the later epochs are drawn for the new layout, since each loader worker "
+                "reads lanes of whole blocks, so they differ from those the first layout would have trained")
 
     def draw(self, size: int, generator: torch.Generator, layout: Layout) -> EpochOrder:
         """The blocks in a random order, cut into one lane per (process, worker) of exactly the images it trains on;

@@ -1,6 +1,7 @@
 """Which images each process trains on, and in which order: one order per epoch, cut into micro-batches that the
 processes take in turn, drawn for the layout of processes and workers that every process agreed on at start."""
 import itertools
+import logging
 import zlib
 from collections import deque
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ from ..contracts import EpochOrder, Layout, Order
 from ..core.errors import ConfigError
 from ..core.distributed import World
 from .order import FULL_SHUFFLE
+
+log = logging.getLogger(__name__)
 
 
 def dealt(batch, processes: int, rank: int):
@@ -85,9 +88,8 @@ class EpochSampler(Sampler):
     same on any number of processes (given the same global batch), and what all processes together have trained on
     is always the order's beginning. A resumed run leaves that out and deals the rest over its own number of
     processes. The images after the last micro-batch every process gets one of sit out the epoch, as with a
-    DataLoader's drop_last. The order is the
-    order option's (data/order.py), drawn for the layout of the processes and workers reading it, which every
-    process holds the same (`agreed_layout`): one order for all of them.
+    DataLoader's drop_last. The order is the order option's (data/order.py), drawn for the layout of the processes
+    and workers reading it, which every process holds the same (`agreed_layout`): one order for all of them.
     """
 
     def __init__(self, dataset: Dataset, rank: int, seed: int, order: Order = FULL_SHUFFLE,
@@ -109,8 +111,11 @@ class EpochSampler(Sampler):
         self.epoch_layout, self.resumed_layout = self.resumed_layout or self.layout, None
 
     def resume_layout(self, layout: Layout) -> None:
-        """The layout the epoch about to be resumed began with."""
+        """The layout the epoch about to be resumed began with. Where it is not this run's, the order says in the log
+        what that changes."""
         self.resumed_layout = layout
+        if layout != self.layout and (changes := self.order.on_another_layout(layout, self.layout)):
+            log.info(changes)
 
     def plan(self, epoch: int, skip: int, layout: Layout) -> EpochPlan:
         drawn = self.order.draw(len(self.dataset), torch.Generator().manual_seed(self.seed + epoch), layout)

@@ -172,6 +172,14 @@ def stream_loader_class():
             if self.resume_from is not None and self.resume_from["current_epoch"] == epoch + 1:
                 if self.restriped(self.resume_from["dataset"]):
                     self.restriped_at = skip_images
+                    saved = self.resume_from["dataset"]
+                    log.info("format=litdata resumes on another layout (processes=%d, loader workers=%d; its stream "
+                             "was saved with processes=%d, loader workers=%d): LitData restripes the rest of the epoch "
+                             "over the new layout (its elastic resume), from a whole global batch of it, so what was "
+                             "trained is left out but up to one such batch trains twice, and the batches differ from "
+                             "an uninterrupted run's",
+                             self.dataset.distributed_env.world_size, max(1, self.num_workers),
+                             saved["world_size"], max(1, saved["num_workers"]))
                 self.load_state_dict(self.resume_from)  # LitData counts epochs from 1
             else:
                 self.current_epoch, self.restore = epoch, False  # its __iter__ moves on to epoch + 1
