@@ -98,11 +98,12 @@ def test_a_trainjob_is_one_kubeflows_api_models_read_whole_and_its_pod_one_kuber
         "runs", "imagenet"}
 
 
-def test_a_skypilot_task_is_one_skypilots_own_loader_reads():
+def test_a_skypilot_task_is_one_skypilots_own_loader_reads(tmp_path):
     sky = pytest.importorskip("sky", reason="pip install -e '.[skypilot]'")
     (task,) = rendered("skypilot", "--nodes", "2", "--accelerators", "H100:8", "--runs", "s3://bucket/runs", "--data",
                        "s3://bucket/imagenet", "--", "data=folder", "data.root=/data/imagenet")
-    loaded = sky.Task.from_yaml_str(yaml.safe_dump(task))
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(task))
+    loaded = sky.Task.from_yaml(str(tmp_path / "train.yaml"))  # as `sky jobs launch train.yaml` reads it
     assert loaded.num_nodes == 2 and loaded.run == task["run"]
     assert [resources.accelerators for resources in loaded.resources] == [{"H100": 8}]
     assert {path: storage.source for path, storage in loaded.storage_mounts.items()} == {
