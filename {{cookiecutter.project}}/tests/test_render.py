@@ -149,7 +149,11 @@ def test_a_skypilot_tasks_run_section_trains_on_two_nodes_under_skypilots_variab
     (task,) = rendered("skypilot", "--nodes", "2", "--runs", "s3://unused", "--runs-path", str(tmp_path / "runs"), "--",
                        *tiny(("train.epochs=1",), cache_dir, tiny_root))
     task_id = "sky-managed-2026-12-02-10-00-00-000000_train_1-0"
-    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])  # its torchrun, on the node's PATH
+    node_bin = tmp_path / "bin"  # the node's torchrun: this interpreter's, whichever environment holds torch
+    node_bin.mkdir()
+    (node_bin / "torchrun").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m torch.distributed.run "$@"\n')
+    (node_bin / "torchrun").chmod(0o755)
+    path = os.pathsep.join([str(node_bin), os.environ["PATH"]])
     logs = [tmp_path / f"node{node}.txt" for node in range(2)]
     agents = [nodes.start(node, ["bash", "-c", task["run"]], tmp_path, logs[node],
                           {**os.environ, **CPU_ONLY, "PATH": path, "SKYPILOT_NODE_RANK": str(node),
