@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 
 from .core import failures
+from .core.command_line import at_least_one, flags_and_overrides
 from .core.packages import optional_import
-from .tools.render import at_least_one
-
-PACKAGE = __name__.rpartition(".")[0]
+from .options import PACKAGE
 
 
 def train_worker(config: dict) -> None:
@@ -29,8 +28,8 @@ def train_worker(config: dict) -> None:
 
 
 def fit(args: argparse.Namespace, overrides: list[str]) -> None:
-    ray = optional_import("ray", "ray")
-    optional_import("ray.train.torch", "ray")
+    optional_import("ray.train.torch", "ray")  # Ray Train's extra, which ray alone lacks
+    import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -47,8 +46,7 @@ def fit(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    ours, overrides = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ours, overrides = flags_and_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.ray_train", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=at_least_one, required=True, help="training processes, one per GPU")
     parser.add_argument("--gpus", action="store_true", help="give each worker a GPU")

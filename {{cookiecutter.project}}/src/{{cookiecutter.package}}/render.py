@@ -13,7 +13,9 @@ import sys
 
 import yaml
 
-from .tools.render import PACKAGE, schedulers
+from .core.command_line import flags_and_overrides
+from .options import PACKAGE
+from .tools.render import schedulers
 
 
 class Dumper(yaml.SafeDumper):
@@ -25,8 +27,7 @@ Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar("tag:ya
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    ours, overrides = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ours, overrides = flags_and_overrides(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.render", description=__doc__.splitlines()[0])
     choices = parser.add_subparsers(dest="scheduler", required=True)
     modules = schedulers()

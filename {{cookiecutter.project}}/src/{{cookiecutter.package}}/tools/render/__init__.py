@@ -9,18 +9,13 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-PACKAGE = __name__.split(".")[0]
+from ...core.command_line import at_least_one
+from ...options import PACKAGE
 
 
 def schedulers() -> dict[str, ModuleType]:
     """Each scheduler's module, by name."""
     return {name: importlib.import_module(f"{__name__}.{name}") for _, name, _ in pkgutil.iter_modules(__path__)}
-
-
-def at_least_one(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return int(text)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,8 @@ same name, is a new run. The data volume is mounted read-only; the runs volume m
 (ReadWriteMany)."""
 import argparse
 
-from . import PACKAGE, add_common_arguments, run_folder, train_arguments
+from ...options import PACKAGE
+from . import add_common_arguments, run_folder, train_arguments
 
 HELP = "a Kubeflow Trainer v2 TrainJob (kubectl apply -f -)"
 RUN_ID = "JOB_UID"  # the variable that holds the JobSet's uid in the trainer's container
