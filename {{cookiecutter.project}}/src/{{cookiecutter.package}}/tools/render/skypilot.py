@@ -4,7 +4,9 @@ torchrun (the nodes, this node's rank, the first node's address).
 
 The run's identity is SKYPILOT_TASK_ID, which a managed job (`sky jobs launch`) keeps when it recovers from a
 preemption on new machines: the run carries on from its checkpoint in the runs bucket; a new job is a new run.
-The runs bucket is mounted MOUNT_CACHED, whose writes reach the bucket as files renamed into place."""
+The runs bucket is mounted MOUNT_CACHED: files are written on the node's disk and uploaded in the background, so a
+checkpoint saved moments before a machine went away may not have reached it, and the run resumes from the one
+before."""
 import argparse
 import shlex
 
@@ -33,8 +35,7 @@ def render(args: argparse.Namespace, overrides: list[str]) -> list[dict]:
                 f"--nproc-per-node={processes(args)}", '--master-addr="$first_node"',
                 f"--master-port={RENDEZVOUS_PORT}", '--rdzv-id="$SKYPILOT_TASK_ID"']
     run_dir = shlex.quote(run_folder(args.runs_path)) + '"$SKYPILOT_TASK_ID"'
-    module, name, folder, *rest = train_arguments(run_dir, overrides)
-    training = [module, name, folder, *map(shlex.quote, rest)]
+    training = [*train_arguments(run_dir, []), *map(shlex.quote, overrides)]  # the folder's id left to the shell
     run = "\n".join(["set -e", 'first_node=$(echo "$SKYPILOT_NODE_IPS" | head -n 1)',
                      "exec " + " ".join([*torchrun, *training])]) + "\n"
     mounts = {args.runs_path: {"source": args.runs, "mode": "MOUNT_CACHED"}}
