@@ -126,7 +126,16 @@ def compose_tiny(cache_dir, tiny_root, packs):
 
 
 @pytest.fixture
-def train_in_process(cache_dir, tiny_root, packs, tmp_path, monkeypatch):
+def kept_signal_handlers():
+    """The stop signals' handlers put back as they were after the test: a run installs its own, for preemption."""
+    kept = {number: signal.getsignal(number) for number in STOP_SIGNALS}
+    yield
+    for number, handler in kept.items():
+        signal.signal(number, handler)
+
+
+@pytest.fixture
+def train_in_process(cache_dir, tiny_root, packs, tmp_path, monkeypatch, kept_signal_handlers):
     """train_in_process(*overrides, run_dir=...) -> summary, as `python -m ... train` would run them, in this process;
     its run folder `train_in_process.run_dir` unless given."""
     from {{ cookiecutter.package }}.core.distributed import setup
@@ -134,7 +143,6 @@ def train_in_process(cache_dir, tiny_root, packs, tmp_path, monkeypatch):
     from {{ cookiecutter.package }}.train import train
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # torch has not looked yet: a CPU run whatever the machine
-    handlers = {number: signal.getsignal(number) for number in STOP_SIGNALS}
     run_dir = tmp_path / "run"
 
     def run(*overrides: str, run_dir: Path = run_dir) -> Summary | None:
@@ -143,9 +151,7 @@ def train_in_process(cache_dir, tiny_root, packs, tmp_path, monkeypatch):
                                                              cfg.distributed.stall_exit))
 
     run.run_dir = run_dir
-    yield run
-    for number, handler in handlers.items():  # train() installs its own, for preemption
-        signal.signal(number, handler)
+    return run
 
 
 @pytest.fixture

@@ -5,16 +5,9 @@ import signal
 
 import pytest
 
-from {{ cookiecutter.package }}.core.failures import STOP_SIGNALS
 from {{ cookiecutter.package }}.loop.preempt import Preempted, StopRequest
 
-
-@pytest.fixture(autouse=True)
-def handlers():
-    kept = {number: signal.getsignal(number) for number in STOP_SIGNALS}
-    yield
-    for number, handler in kept.items():
-        signal.signal(number, handler)
+pytestmark = pytest.mark.usefixtures("kept_signal_handlers")
 
 
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2])
