@@ -7,8 +7,9 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
+
+from helpers.processes import wait_for
 
 INSTALL = "apt-get install slurmctld slurmd slurm-client munge"
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue", "scancel")
@@ -101,13 +102,11 @@ class Slurm:
         return done.stdout.strip()
 
     def wait(self, condition, what: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            ended = [process.args[0] for process in self.daemons if process.poll() is not None]
-            if ended or time.monotonic() > deadline:
-                reason = f"{', '.join(ended)} ended" if ended else f"{timeout} s went by"
-                raise AssertionError(f"Slurm: {reason} while waiting for {what}\n{self.logs()}")
-            time.sleep(0.5)
+        """Return once `condition()` holds; fail with the daemons' logs where one ends first or time runs out."""
+        try:
+            wait_for(condition, *self.daemons, timeout=timeout)
+        except AssertionError as failed:
+            raise AssertionError(f"Slurm, waiting for {what}: {failed}\n{self.logs()}") from None
 
     def logs(self) -> str:
         return "".join(f"--- {path.name}\n{path.read_text()[-3000:]}" for path in sorted(self.folder.glob("*.log")))
