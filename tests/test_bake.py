@@ -246,7 +246,7 @@ def test_training_run_reports_where_the_time_went(installed, tmp_path):
     assert summary["verdict"].startswith("Data loading is") and summary["advice"]
     defaults = {"data": "synthetic", "format": "folder", "decoder": "turbojpeg", "order": "random", "staging": "none",
                 "augment": "none", "prefetcher": "none", "model": "torchvision", "optim": "sgd", "schedule": "warmup_cosine",
-                "logger": "tensorboard", "profiler": "none", "debug": "none"}
+                "reduction": "allreduce", "logger": "tensorboard", "profiler": "none", "debug": "none"}
     groups = {folder.name for folder in (project / "src/e2e_check/conf").iterdir() if folder.is_dir()}
     # conf/export/ is the export command's own config folder, no group of training's
     assert set(defaults) == groups - {"experiment", "hydra", "export"}, "a new config group: name its default here"

@@ -1,21 +1,30 @@
 """train.accumulate: the summed gradients of k batches of b step the optimizer as one batch of k x b would, a
-shorter last group included, and under DistributedDataParallel too; train.global_batch, the accumulation that keeps
-a step's images on any number of processes."""
+shorter last group included, and under DistributedDataParallel too, whichever `reduction` sums them;
+train.global_batch, the accumulation that keeps a step's images on any number of processes."""
 import re
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
+from {{ cookiecutter.package }}.core.config import build
 from {{ cookiecutter.package }}.core.distributed import World
 from {{ cookiecutter.package }}.core.errors import ConfigError
 from {{ cookiecutter.package }}.loop.accumulate import GradientAccumulation
+from {{ cookiecutter.package }}.options import CONF, options
 
 from helpers.epochs import per_step
 
 SINGLE = World(0, 0, 1, torch.device("cpu"))
+REDUCTIONS = options("reduction")
+
+
+def summing(reduction: str, batches: int, world: World = SINGLE) -> GradientAccumulation:
+    """The `reduction` option's accumulation of `batches` batches per step on `world`'s processes."""
+    return build(OmegaConf.load(CONF / "reduction" / f"{reduction}.yaml"), batches=batches, world=world)
 
 
 def data(images: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,7 +39,7 @@ def one_batch_gradient(model: torch.nn.Module, inputs: torch.Tensor, labels: tor
 
 
 def accumulated_gradient(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch: int,
-                         accumulation: GradientAccumulation, world: World = SINGLE) -> torch.Tensor:
+                         accumulation: GradientAccumulation) -> torch.Tensor:
     model.zero_grad()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for start in range(0, len(inputs), batch):
@@ -38,18 +47,19 @@ def accumulated_gradient(model: torch.nn.Module, inputs: torch.Tensor, labels: t
             loss = torch.nn.functional.cross_entropy(model(inputs[start:start + batch]), labels[start:start + batch])
             accumulation.add(loss, len(labels[start:start + batch])).backward()
         if accumulation.due:  # as the loop steps the optimizer: it trains the group's images
-            assert accumulation.finish(optimizer, world) == batch * accumulation.batches
+            assert accumulation.finish(optimizer) == batch * accumulation.batches
     if accumulation.pending:  # as the loop ends an epoch
-        assert accumulation.finish(optimizer, world) == len(inputs) % (batch * accumulation.batches)
+        assert accumulation.finish(optimizer) == len(inputs) % (batch * accumulation.batches)
     return getattr(model, "module", model).weight.grad.clone()
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("batches", [4, 3], ids=["k batches", "a shorter last group"])
-def test_k_batches_of_b_give_the_gradient_of_one_batch_of_k_times_b(batches):
+def test_k_batches_of_b_give_the_gradient_of_one_batch_of_k_times_b(batches, reduction):
     torch.manual_seed(0)
     model = torch.nn.Linear(6, 3)
     inputs, labels = data(2 * batches)
-    accumulation = GradientAccumulation(4)
+    accumulation = summing(reduction, 4)
     accumulated = accumulated_gradient(model, inputs, labels, batch=2, accumulation=accumulation)
     torch.testing.assert_close(accumulated, one_batch_gradient(model, inputs, labels))
     assert accumulation.pending == 0
@@ -69,26 +79,27 @@ class RecordsNoSync(torch.nn.Linear):
 def test_only_the_last_batch_of_a_step_all_reduces():
     model = RecordsNoSync()
     inputs, labels = data(16)
-    accumulated_gradient(model, inputs, labels, batch=2, accumulation=GradientAccumulation(4))
+    accumulated_gradient(model, inputs, labels, batch=2, accumulation=GradientAccumulation(4, SINGLE))
     assert model.unsynced == 6  # 3 of each step's 4 batches, in 2 steps
 
 
-def ddp_process(rank: int, store: str, results) -> None:
+def ddp_process(rank: int, store: str, reduction: str, results) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(6, 3))
     inputs, labels = data(24)
     mine = slice(rank * 12, rank * 12 + 6)  # 3 batches of 2: a group of 4 cut short
-    grad = accumulated_gradient(model, inputs[mine], labels[mine], batch=2, accumulation=GradientAccumulation(4),
-                                world=World(rank, rank, 2, torch.device("cpu")))
+    grad = accumulated_gradient(model, inputs[mine], labels[mine], batch=2,
+                                accumulation=summing(reduction, 4, World(rank, rank, 2, torch.device("cpu"))))
     results[rank] = grad
     dist.destroy_process_group()
 
 
 @pytest.mark.full
-def test_under_ddp_a_short_group_is_averaged_over_the_processes_too(tmp_path):
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_under_ddp_a_short_group_is_averaged_over_the_processes_too(reduction, tmp_path):
     results = mp.Manager().dict()
-    mp.spawn(ddp_process, args=(str(tmp_path / "store"), results), nprocs=2, join=True)
+    mp.spawn(ddp_process, args=(str(tmp_path / "store"), reduction, results), nprocs=2, join=True)
     torch.manual_seed(0)
     model = torch.nn.Linear(6, 3)
     inputs, labels = data(24)

@@ -109,6 +109,21 @@ def check_prefetcher(prefetcher, cfg, tmp_path, option):
     assert images.device.type == labels.device.type == DEVICE.type
 
 
+def check_reduction(accumulation, cfg, tmp_path, option):
+    """Two batches summed into a step: the mean of their gradients, and the step's images, the next step empty."""
+    model, optimizer = torch.nn.Linear(4, 2), None
+    inputs, labels = torch.randn(2, 2, 4, generator=torch.Generator().manual_seed(0)), torch.tensor([[0, 1], [1, 1]])
+    for batch in range(2):
+        with accumulation.syncing(model):
+            loss = torch.nn.functional.cross_entropy(model(inputs[batch]), labels[batch])
+            accumulation.add(loss, len(labels[batch])).backward()
+    assert accumulation.due and accumulation.finish(optimizer) == 4
+    mean = sum(torch.autograd.grad(torch.nn.functional.cross_entropy(model(inputs[batch]), labels[batch]),
+                                   model.weight)[0] for batch in range(2)) / 2
+    torch.testing.assert_close(model.weight.grad, mean)
+    assert accumulation.pending == 0
+
+
 def check_order(order, cfg, tmp_path, option):
     """Every image once per epoch whoever reads it, the same order for the same seed, another for another."""
     reads = order.reads(NoStore(np.arange(50) % 7))
@@ -179,6 +194,7 @@ RUNTIME = {
     "staging": (lambda tmp_path: {"world": World(0, 0, 1, torch.device("cpu"))}, check_staging),
     "prefetcher": (prefetcher_args, check_prefetcher),
     "order": (lambda tmp_path: {}, check_order),
+    "reduction": (lambda tmp_path: {"batches": 2, "world": World(0, 0, 1, torch.device("cpu"))}, check_reduction),
     "augment": (augment_args, check_augment),
 }
 

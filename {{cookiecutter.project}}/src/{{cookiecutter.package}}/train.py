@@ -118,7 +118,7 @@ def step(run: Run, loss: torch.Tensor) -> None:
     counts. A checkpoint is consistent before `run.updating` is set and after it is cleared, never in between; images
     whose gradients a failure loses before their step are not counted trained, so a resumed run trains them again."""
     accumulation, optimizer = run.optimization.accumulation, run.optimization.optimizer
-    images = accumulation.finish(optimizer, run.world)  # a short last group: the mean of its batches
+    images = accumulation.finish(optimizer)  # a short last group: the mean of its batches
     run.precision.clip(optimizer, run.limits.clip_grad_norm)  # on the real gradients: fp16's are unscaled first
     run.optimization.learning_rate.set(run.progress.epoch, run.progress.images_in_epoch)  # where this step starts
     run.updating = True

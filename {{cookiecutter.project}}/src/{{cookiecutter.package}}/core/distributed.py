@@ -34,6 +34,19 @@ class World:
             dist.all_reduce(tensor)
         return tensor
 
+    def exchange(self, tensor: torch.Tensor, into: torch.Tensor) -> dist.Work:
+        """Cut `tensor` into one equal part per process and send part p to process p: `into`, of its shape, gets
+        each process's part for this one, in rank order. It runs in the background; wait on what this returns.
+        Several processes only."""
+        return dist.all_to_all_single(into, tensor, async_op=True)
+
+    def gather_into(self, tensor: torch.Tensor, into: list[torch.Tensor]) -> None:
+        """Every process's `tensor` (of one shape on all of them) into `into`, a tensor per process in rank order."""
+        if self.size == 1:
+            into[0].copy_(tensor)
+            return
+        dist.all_gather(into, tensor)
+
     def gather(self, values: list[float]) -> list[list[float]]:
         """Every process's `values` (as many on each), in rank order."""
         table = torch.zeros(self.size, len(values), dtype=torch.float64, device=self.device)

@@ -42,8 +42,8 @@ def batches_per_step(train: DictConfig, processes: int) -> int:
 
 
 class GradientAccumulation:
-    def __init__(self, batches: int):
-        self.batches = batches
+    def __init__(self, batches: int, world: World):
+        self.batches, self.world = batches, world
         self.pending = 0  # batches whose gradients wait for the next optimizer step
         self.images = 0  # and their images, this process's
 
@@ -62,14 +62,14 @@ class GradientAccumulation:
         """The step's batches are all in."""
         return self.pending == self.batches
 
-    def finish(self, optimizer: torch.optim.Optimizer, world: World) -> int:
+    def finish(self, optimizer: torch.optim.Optimizer) -> int:
         """Before the optimizer steps: a short group's gradients made the mean of its batches, and the processes'.
         The group's images, which the step trains, this process's; the next group starts empty."""
         if self.pending < self.batches:
             grads = [param.grad for group in optimizer.param_groups for param in group["params"]
                      if param.grad is not None]
             for grad in grads:
-                world.sum(grad)
-            torch._foreach_mul_(grads, self.batches / (self.pending * world.size))
+                self.world.sum(grad)
+            torch._foreach_mul_(grads, self.batches / (self.pending * self.world.size))
         images, self.pending, self.images = self.images, 0, 0
         return images

@@ -10,7 +10,6 @@ from ..core.distributed import World
 from ..core.errors import ConfigError
 from ..core.faults import Faults
 from ..data.loaders import Loaders, make_loaders
-from .accumulate import GradientAccumulation
 from .average import WeightAverage
 from .draws import BatchSeeds
 from .freeze import FrozenBackbone
@@ -71,5 +70,6 @@ def make_optimization(cfg: DictConfig, model: torch.nn.Module, *, outputs: int, 
     return Optimization(seeds=BatchSeeds(cfg.seed, world.rank, world.size, cfg.train.batch_size),
                         mix=BatchMix(cfg.train.mixup_alpha, cfg.train.cutmix_alpha, outputs),
                         criterion=torch.nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing),
-                        accumulation=GradientAccumulation(cfg.train.accumulate), optimizer=optimizer,
+                        accumulation=build(cfg.reduction, batches=cfg.train.accumulate, world=world),
+                        optimizer=optimizer,
                         learning_rate=learning_rate)
