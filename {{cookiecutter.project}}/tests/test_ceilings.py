@@ -36,13 +36,17 @@ def test_the_region_ceiling_decodes_crops_faster_than_the_full_ceiling_decodes_i
     """Measured side by side in one process: decoding what random 64-pixel crops keep, at the DCT scale they allow,
     takes a fraction of decoding every pixel. A decoder that cannot decode a region sets no region ceiling."""
     references = Ceilings(photo_tree, {name: make_decoder(name), "pil": PilDecoder()}, 64)
-    for _ in range(3):
+    for _ in range(5):
         references.measure()
     full, region = references.full, references.region
     assert region.decoder == name and full.unreadable == region.unreadable == 0
-    assert len(full.passes) == len(region.passes) == 3 and all(decoded == 40 for decoded, _ in full.passes)
-    ratio = region.rate / full.rate  # 1.59-1.67 in six runs of three interleaved passes; a whole decode is 1x
-    assert ratio > 1.25, ratio
+    assert len(full.passes) == len(region.passes) == 5 and all(decoded == 40 for decoded, _ in full.passes)
+    # Each pair of passes ran back to back, so the median pair's ratio holds where a neighbour's load (the
+    # parallel tests) slows some passes: over all passes, one slowed region pass once gave 1.20.
+    ratios = sorted((decoded / seconds) / (full_decoded / full_seconds)
+                    for (full_decoded, full_seconds), (decoded, seconds) in zip(full.passes, region.passes))
+    ratio = ratios[len(ratios) // 2]  # 1.59-1.67 in six runs over all passes; a whole decode is 1x
+    assert ratio > 1.25, ratios
     assert Ceilings(photo_tree, {"pil": PilDecoder()}, 64).region is None
 
 
