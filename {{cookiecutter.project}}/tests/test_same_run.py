@@ -79,6 +79,7 @@ def test_thirty_steps_summed_in_order_end_with_the_same_model_on_one_process_and
     assert differing(saved_model(many), saved_model(one)) == []
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_a_run_requeued_from_4_to_2_to_3_processes_ends_with_the_model_of_one_uninterrupted_process(tmp_path,
                                                                                                        train_cli):
