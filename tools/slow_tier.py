@@ -20,7 +20,8 @@ BAKED = TEMPLATE / "{{cookiecutter.project}}"
 PACKAGE = BAKED / "src/{{cookiecutter.package}}"
 # The code whose behaviour changes with the number of processes and nodes, which the slow tier tests at full scale
 # and the full tier at a smaller one: starting and joining the processes, splitting and checking each epoch's
-# images across them, saving and resuming on another count, and ending all of them together.
+# images across them, summing their gradients, saving and resuming on another count, and ending all of them
+# together.
 COVERED = [
     PACKAGE / "core/distributed.py",
     PACKAGE / "core/failures.py",
@@ -29,10 +30,13 @@ COVERED = [
     PACKAGE / "data/order.py",
     PACKAGE / "data/sampling.py",
     PACKAGE / "diagnosis/ranks.py",
+    PACKAGE / "loop/accumulate.py",
     PACKAGE / "loop/checkpoint.py",
+    PACKAGE / "loop/ordered.py",
     PACKAGE / "loop/preempt.py",
     BAKED / "scripts/launch.sh",
     BAKED / "tests/test_nodes.py",
+    BAKED / "tests/test_same_run.py",
 ]
 
 
