@@ -19,6 +19,7 @@ def probe_folder(root, readers, ceiling):
 
 
 @pytest.mark.full  # it waits, by design, on a disk of 50 reads a second
+@pytest.mark.serial  # local reads must outrun the slow disk 5 times: other tests' load once held them to 158/s
 def test_reads_from_a_slow_disk_are_counted_cold_and_limit_the_loader_where_local_reads_do_not(tiny_root, tmp_path):
     ceiling = 80.0  # decodes/s per worker: above the disk's reads (at most 50/s, one head), well below local ones
     local = probe_folder(tiny_root, [1, 2], ceiling)
